@@ -1,0 +1,70 @@
+"""Request and result types shared by the engine, its server and tests.
+
+Plain frozen dataclasses: the scheduler owns mutable per-request state
+elsewhere; these are what crosses the engine's boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 is greedy; > 0 samples with `seed`."""
+
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = ()  # stop strings, matched on decoded output text
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation request: prompt token ids and how to continue them."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams = SamplingParams()
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+@dataclass
+class GenerateOutput:
+    """What a request produced so far (`finished` once done).
+
+    Lists are cumulative. `finish_reason` follows SGLang:
+    {"type": "length", "length": N} / {"type": "stop", "matched": id_or_str} /
+    {"type": "abort", "message": str}.
+    """
+
+    rid: str
+    prompt_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    # per generated token: top-k (logprob, token_id), best first
+    output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    cached_tokens: int = 0
+    finished: bool = False
+    finish_reason: dict | None = None
+    spec_verify_ct: int = 0
+    spec_trace: list[tuple[int, int, int]] = field(default_factory=list)  # (pre_len, commit_len, tracked_step)
+    error: str | None = None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def spec_accept_length(self) -> float:
+        """Completion tokens per verify step (SGLang's definition); 0 without speculation."""
+        return self.completion_tokens / self.spec_verify_ct if self.spec_verify_ct else 0.0
