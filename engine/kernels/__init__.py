@@ -1,0 +1,108 @@
+"""Kernel dispatch: CUDA tensors use the Triton kernels, CPU tensors the torch references.
+
+Every op here works on the linear-state pool directly (per-sequence slot
+indices), so the model never copies states around by hand. `force_torch`
+(EngineConfig.force_torch_kernels) pins the references even on CUDA for A/B runs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kernels.gdn_chunked import gdn_chunked
+from engine.kernels.gdn_naive import causal_conv1d, causal_conv1d_verify, gdn_recurrent, gdn_verify
+
+_FORCE_TORCH = False
+
+
+def set_force_torch(flag: bool) -> None:
+    """Use the torch references everywhere (EngineConfig.force_torch_kernels)."""
+    global _FORCE_TORCH
+    _FORCE_TORCH = bool(flag)
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """The dispatch decision: Triton for CUDA tensors unless forced to the references."""
+    return t.is_cuda and not _FORCE_TORCH
+
+
+def gdn_pool_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    state_pool: torch.Tensor,  # [N, H, Dk, Dv] one layer's recurrent states
+    slots: torch.Tensor,  # [B] long
+    scale: float,
+    intermediate: torch.Tensor | None = None,  # [B, T, H, Dk, Dv]: verify mode
+) -> torch.Tensor:
+    """Run the delta rule for B sequences whose states live in `state_pool[slots]`.
+
+    Decode/extend mode (intermediate is None): the pool states advance in place.
+    Verify mode: the pool is untouched and every step's state goes to `intermediate`.
+    """
+    if use_triton(q):
+        from engine.kernels import gdn_triton
+
+        return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate)
+    state = state_pool[slots]
+    if intermediate is not None:
+        o, states = gdn_verify(q, k, v, g, beta, state, scale)
+        intermediate.copy_(states)
+        return o
+    if q.shape[1] > 1:
+        o, final = gdn_chunked(q, k, v, g, beta, state, scale)
+    else:
+        o, final = gdn_recurrent(q, k, v, g, beta, state, scale)
+    state_pool[slots] = final.to(state_pool.dtype)
+    return o
+
+
+def conv_pool_forward(
+    x: torch.Tensor,  # [B, T, C]
+    conv_pool: torch.Tensor,  # [N, C, K-1]
+    slots: torch.Tensor,  # [B]
+    weight: torch.Tensor,  # [C, K]
+    intermediate: torch.Tensor | None = None,  # [B, T, C, K-1]: verify mode
+) -> torch.Tensor:
+    """SiLU(causal depthwise conv) continuing from the pooled windows; same two modes as the GDN op."""
+    if use_triton(x):
+        from engine.kernels import gdn_triton
+
+        return gdn_triton.causal_conv1d_pool(x, conv_pool, slots, weight, intermediate)
+    window = conv_pool[slots]
+    if intermediate is not None:
+        y, windows = causal_conv1d_verify(x, window, weight)
+        intermediate.copy_(windows)
+        return y
+    y, new_window = causal_conv1d(x, window, weight)
+    conv_pool[slots] = new_window.to(conv_pool.dtype)
+    return y
+
+
+def state_scatter(
+    rec_pool: torch.Tensor,  # [L, N, H, Dk, Dv]
+    conv_pool: torch.Tensor,  # [L, N, C, K-1]
+    rec_inter: torch.Tensor,  # [L, B, T, H, Dk, Dv]
+    conv_inter: torch.Tensor,  # [L, B, T, C, K-1]
+    working_slots: torch.Tensor,  # [B]
+    commit_steps: torch.Tensor,  # [B] step to commit into the working slot (commit_len - 1)
+    track_slots: torch.Tensor,  # [B]
+    track_steps: torch.Tensor,  # [B] step to copy into the tracking slot, -1 = none
+) -> None:
+    """After verification: commit each request's accepted step and, if due, its checkpoint."""
+    if use_triton(rec_pool):
+        from engine.kernels import state_scatter as triton_scatter
+
+        triton_scatter.state_scatter_triton(
+            rec_pool, conv_pool, rec_inter, conv_inter, working_slots, commit_steps, track_slots, track_steps
+        )
+        return
+    from engine.kernels.state_scatter_ref import state_scatter_ref
+
+    state_scatter_ref(
+        rec_pool, conv_pool, rec_inter, conv_inter, working_slots, commit_steps, track_slots, track_steps
+    )
+
+
+__all__ = [
+    "causal_conv1d", "causal_conv1d_verify", "conv_pool_forward", "gdn_chunked", "gdn_pool_forward",
+    "gdn_recurrent", "gdn_verify", "set_force_torch", "state_scatter", "use_triton",
+]

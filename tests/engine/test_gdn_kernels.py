@@ -1,0 +1,110 @@
+"""The three forms of Gated DeltaNet agree (chunked vs recurrent vs verify), and the conv window forms."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import conv_pool_forward, gdn_pool_forward, state_scatter
+from engine.kernels.gdn_chunked import gdn_chunked
+from engine.kernels.gdn_naive import causal_conv1d, causal_conv1d_verify, gdn_recurrent, gdn_verify
+
+
+def _inputs(B, T, H, Dk, Dv, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, H, Dk, generator=gen), dim=-1)
+    k = F.normalize(torch.randn(B, T, H, Dk, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, Dv, generator=gen)
+    g = -F.softplus(torch.randn(B, T, H, generator=gen)) * 0.5
+    beta = torch.sigmoid(torch.randn(B, T, H, generator=gen))
+    s0 = torch.randn(B, H, Dk, Dv, generator=gen) * 0.1
+    return q, k, v, g, beta, s0
+
+
+def _rel(a, b):
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
+
+
+@pytest.mark.parametrize("T", [1, 63, 64, 65, 200])
+def test_chunked_matches_recurrent(T):
+    q, k, v, g, beta, s0 = _inputs(2, T, 3, 16, 8, seed=T)
+    s0_before = s0.clone()
+    o_ref, s_ref = gdn_recurrent(q, k, v, g, beta, s0, 0.25)
+    o, s = gdn_chunked(q, k, v, g, beta, s0, 0.25)
+    assert _rel(o, o_ref) <= 1e-4
+    assert _rel(s, s_ref) <= 1e-4
+    assert torch.equal(s0, s0_before)
+
+
+def test_verify_steps_equal_prefix_states_and_leave_input_untouched():
+    q, k, v, g, beta, s0 = _inputs(2, 8, 2, 16, 16, seed=1)
+    s0_before = s0.clone()
+    o, states = gdn_verify(q, k, v, g, beta, s0, 0.25)
+    assert torch.equal(s0, s0_before)
+    for i in range(8):
+        o_i, s_i = gdn_recurrent(q[:, : i + 1], k[:, : i + 1], v[:, : i + 1], g[:, : i + 1], beta[:, : i + 1],
+                                 s0, 0.25)
+        assert torch.equal(states[:, i], s_i)
+        assert torch.equal(o[:, : i + 1], o_i)
+
+
+def test_conv_verify_windows_equal_stepwise_updates():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 6, 5, generator=gen)
+    w = torch.randn(5, 4, generator=gen)
+    st = torch.randn(2, 5, 3, generator=gen)
+    st_before = st.clone()
+    y, windows = causal_conv1d_verify(x, st, w)
+    assert torch.equal(st, st_before)
+    cur = st
+    for t in range(6):
+        y_t, cur = causal_conv1d(x[:, t : t + 1], cur, w)
+        assert torch.allclose(y_t[:, 0], y[:, t], atol=1e-6)
+        assert torch.equal(cur, windows[:, t])
+    # the window holds the last K-1 raw inputs
+    assert torch.equal(windows[:, -1], x[:, -3:].transpose(1, 2))
+
+
+def test_pool_ops_decode_and_verify_modes():
+    q, k, v, g, beta, s0 = _inputs(2, 4, 2, 8, 8, seed=5)
+    pool = torch.zeros(5, 2, 8, 8)
+    slots = torch.tensor([3, 1])
+    pool[slots] = s0
+    before = pool.clone()
+    inter = torch.empty(2, 4, 2, 8, 8)
+    o_v = gdn_pool_forward(q, k, v, g, beta, pool, slots, 0.5, intermediate=inter)
+    assert torch.equal(pool, before)
+    o_d = gdn_pool_forward(q, k, v, g, beta, pool, slots, 0.5)
+    assert _rel(o_d, o_v) <= 1e-4
+    assert _rel(pool[slots], inter[:, -1]) <= 1e-4
+    assert torch.equal(pool[[0, 2, 4]], before[[0, 2, 4]])
+    # conv
+    x = torch.randn(2, 4, 6)
+    w = torch.randn(6, 4)
+    cpool = torch.randn(5, 6, 3)
+    cbefore = cpool.clone()
+    cinter = torch.empty(2, 4, 6, 3)
+    y_v = conv_pool_forward(x, cpool, slots, w, intermediate=cinter)
+    assert torch.equal(cpool, cbefore)
+    y_d = conv_pool_forward(x, cpool, slots, w)
+    assert torch.allclose(y_v, y_d)
+    assert torch.equal(cpool[slots], cinter[:, -1])
+
+
+def test_state_scatter_reference_commits_and_tracks():
+    L, N, B, T = 2, 6, 3, 4
+    rec = torch.zeros(L, N, 1, 2, 2)
+    conv = torch.zeros(L, N, 3, 2)
+    rec_inter = torch.arange(L * B * T, dtype=torch.float).reshape(L, B, T, 1, 1, 1).expand(L, B, T, 1, 2, 2)
+    conv_inter = torch.arange(L * B * T, dtype=torch.float).reshape(L, B, T, 1, 1).expand(L, B, T, 3, 2)
+    working = torch.tensor([0, 2, 4])
+    track = torch.tensor([1, 3, 5])
+    state_scatter(rec, conv, rec_inter.contiguous(), conv_inter.contiguous(), working,
+                  torch.tensor([0, 3, 1]), track, torch.tensor([-1, 2, 0]))
+    for layer in range(L):
+        for b, (cs, ts) in enumerate([(0, -1), (3, 2), (1, 0)]):
+            base = layer * B * T + b * T
+            assert rec[layer, working[b], 0, 0, 0] == base + cs
+            assert conv[layer, working[b], 0, 0] == base + cs
+            expect_track = base + ts if ts >= 0 else 0
+            assert rec[layer, track[b], 0, 0, 0] == expect_track
+            assert conv[layer, track[b], 0, 0] == expect_track
