@@ -1,0 +1,50 @@
+"""Paged KV pool: full-attention K/V for every token, addressed by pages."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    """K/V tensors [L_attn, num_pages * page_size, Hkv, D] and a free-page list.
+
+    Pages are owned either by one running request or by the radix tree; the pool
+    itself only counts. Allocation is deterministic (lowest free pages first).
+    """
+
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        self.page_size = page_size
+        self.num_pages = num_pages
+        shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._free = list(range(num_pages - 1, -1, -1))  # pop() yields the lowest page
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    def alloc(self, n: int) -> list[int] | None:
+        """n pages, or None (nothing taken) when fewer are free."""
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def free(self, pages: list[int]) -> None:
+        if not pages:
+            return
+        self._free.extend(pages)
+        self._free.sort(reverse=True)
+        assert len(self._free) == len(set(self._free)) <= self.num_pages, "KV page freed twice"
+
+    def slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
+        """KV-pool slot of every position in [start, end) of a sequence with this page table."""
+        pos = torch.arange(start, end)
+        ps = self.page_size
+        table = torch.tensor(pages, dtype=torch.long) if pages else torch.zeros(0, dtype=torch.long)
+        return table[pos // ps] * ps + pos % ps

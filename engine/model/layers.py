@@ -1,0 +1,102 @@
+"""Building blocks: RMSNorm, gated RMSNorm, RoPE, tensor-parallel linears, SwiGLU MLP."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from engine.parallel import SINGLE, TPContext
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.float()).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """norm(o) * silu(z) per head, as in Qwen3-Next's GDN output."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        of = o.float()
+        of = of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()
+        return (of * F.silu(z.float())).to(o.dtype)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's output features split across ranks (no communication).
+
+    `splits` lists the logical output blocks (e.g. q, k, v) so each rank takes its
+    slice of every block from a full checkpoint.
+    """
+
+    def __init__(self, in_features: int, splits: list[int], tp: TPContext = SINGLE, bias: bool = False):
+        super().__init__()
+        self.tp = tp
+        self.full_splits = list(splits)
+        self.local_splits = [tp.shard(s, "output block") for s in splits]
+        self.weight = nn.Parameter(torch.empty(sum(self.local_splits), in_features))
+        self.bias = nn.Parameter(torch.zeros(sum(self.local_splits))) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def shard_full(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a full [sum(splits), ...] tensor."""
+        parts, off = [], 0
+        for n, loc in zip(self.full_splits, self.local_splits, strict=True):
+            parts.append(full[off + self.tp.rank * loc : off + (self.tp.rank + 1) * loc])
+            off += n
+        return torch.cat(parts, 0)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_local W_local^T): input features split across ranks."""
+
+    def __init__(self, in_features: int, out_features: int, tp: TPContext = SINGLE):
+        super().__init__()
+        self.tp = tp
+        self.in_local = tp.shard(in_features, "input features")
+        self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(F.linear(x, self.weight))
+
+    def shard_full(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        r = self.tp.rank
+        return full[:, r * self.in_local : (r + 1) * self.in_local]
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int, tp: TPContext = SINGLE):
+        super().__init__()
+        self.gate_up = ColumnParallelLinear(hidden, [intermediate, intermediate], tp)
+        self.down = RowParallelLinear(intermediate, hidden, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half form). x [B, T, H, D], positions [B, T]."""
+    D = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
+    ang = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
+    x1, x2 = x.float()[..., : D // 2], x.float()[..., D // 2 :]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
