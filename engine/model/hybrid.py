@@ -81,13 +81,13 @@ def random_state_dict(cfg: HybridConfig, seed: int) -> dict[str, torch.Tensor]:
     std = 0.02
     out_std = std / math.sqrt(2 * cfg.num_layers)
     for name, p in model.named_parameters():
-        if name.endswith("norm.weight") or name.endswith("input_norm.weight") or name.endswith("post_norm.weight"):
+        if name.endswith("norm.weight"):
             p.fill_(1.0)
         elif name == "embed.weight":
             # unit-scale embeddings: with a tied head the random model's logits are peaked,
             # so greedy choices have real margins rather than coin flips
             p.normal_(0.0, 1.0, generator=gen)
-        elif name.endswith("o_proj.weight") or name.endswith("out_proj.weight") or name.endswith("down.weight"):
+        elif name.endswith(("o_proj.weight", "out_proj.weight", "down.weight")):
             p.normal_(0.0, out_std, generator=gen)
         elif p.dim() == 2 and "conv_weight" not in name:
             p.normal_(0.0, std, generator=gen)
