@@ -1,0 +1,233 @@
+"""The frozen boundary suite: 56 two-turn sessions, 28 per track interval (128, 256).
+
+Per interval: turn-0 prompts at every offset -B..+1 around boundaries k*I
+(k = 1 and 2, different text), four prompts whose turn 0 spans 2-4 boundaries,
+and four controls that never reach a boundary. Turn 0 decodes past the next
+boundary (plus a margin); turn 1 appends a fixed suffix to turn 0's input and
+output, so it hits the radix entry that turn 0's tracked checkpoint created.
+
+    python -m workloads.frozen --write      # regenerate workloads/data/frozen.jsonl
+    python -m workloads.frozen --check      # exit 1 if the committed file and the generator differ
+    python -m workloads.frozen --describe   # coverage table
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+from engine.model.tokenizer import TOKENIZER
+from workloads.boundaries import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, boundaries_upto, next_boundary
+from workloads.corpus import DATA_DIR, TextCursor, heldout_documents
+from workloads.schema import Session, Turn, dumps_jsonl
+from workloads.validate import validate_file
+
+FROZEN_PATH = DATA_DIR / "frozen.jsonl"
+SUITE = "frozen"
+OFFSET_KS = (1, 2)  # each offset is placed at these boundary indices, with different text
+DECODE_MARGIN = 16  # turn 0 decodes this many tokens past the next boundary
+MAX_NEW_TOKENS_CAP = 300
+TURN1_SUFFIX = "\n\n# continued\n"
+TURN1_MAX_NEW_TOKENS = 32
+# (k, offset): turn-0 prompt k*I + offset; with decoding, turn 0 spans 2, 3, 4 and 3 boundaries
+MULTI_CASES = ((2, -3), (3, -5), (4, -2), (2, 3))
+NUM_CONTROLS = 4
+GROUPS = ("offset", "multi", "control")
+
+
+def _offset_id(offset: int) -> str:
+    return f"m{-offset}" if offset < 0 else f"p{offset}"
+
+
+def _turn0_max_new(prompt_len: int, interval: int) -> int:
+    """New tokens that carry decoding past the next boundary above the prompt, plus the margin."""
+    max_new = next_boundary(prompt_len, interval) - prompt_len + DECODE_MARGIN
+    assert max_new <= MAX_NEW_TOKENS_CAP, (prompt_len, interval, max_new)
+    return max_new
+
+
+def _where(offset: int, boundary: int) -> str:
+    if offset < 0:
+        return f"ends {-offset} tokens before boundary {boundary}"
+    if offset == 0:
+        return f"ends exactly on boundary {boundary}"
+    return f"ends {offset} token{'s' if offset > 1 else ''} past boundary {boundary}"
+
+
+class _Builder:
+    """Turns (interval, prompt length, max_new) into sessions, slicing fresh text for each prompt."""
+
+    def __init__(self, block_size: int) -> None:
+        self.cursor = TextCursor(heldout_documents())
+        self.block_size = block_size
+        self.suffix_ids = tuple(TOKENIZER.encode(TURN1_SUFFIX))
+
+    def session(self, session_id: str, interval: int, group: str, targets: str, prompt_len: int,
+                max_new: int, meta: dict) -> Session:
+        text = self.cursor.take(prompt_len)
+        ids = tuple(TOKENIZER.encode(text))
+        assert len(ids) == prompt_len
+        turns = (
+            Turn(max_new_tokens=max_new, input_ids=ids, text=text),
+            Turn(max_new_tokens=TURN1_MAX_NEW_TOKENS, suffix_ids=self.suffix_ids, suffix_text=TURN1_SUFFIX),
+        )
+        meta = {
+            **meta,
+            "turn0_len": prompt_len,
+            "prompt_boundaries": boundaries_upto(prompt_len, interval),
+            "boundaries_spanned": boundaries_upto(prompt_len + max_new, interval),
+            "block_size": self.block_size,
+        }
+        return Session(session_id, SUITE, interval, group, targets, meta, turns)
+
+
+def _offset_sessions(b: _Builder, interval: int) -> list[Session]:
+    out = []
+    for k in OFFSET_KS:
+        for offset in range(-b.block_size, 2):
+            boundary = k * interval
+            prompt_len = boundary + offset
+            max_new = _turn0_max_new(prompt_len, interval)
+            nb = next_boundary(prompt_len, interval)
+            targets = (f"Prompt of {prompt_len} tokens {_where(offset, boundary)} (I={interval}); decoding "
+                       f"crosses boundary {nb} in a verify step and turn 1 restores its checkpoint.")
+            meta = {"boundary_offset": offset, "k": k, "boundary": boundary, "next_boundary": nb}
+            sid = f"frozen-i{interval}-k{k}-{_offset_id(offset)}"
+            out.append(b.session(sid, interval, "offset", targets, prompt_len, max_new, meta))
+    return out
+
+
+def _multi_sessions(b: _Builder, interval: int) -> list[Session]:
+    out = []
+    for n, (k, offset) in enumerate(MULTI_CASES, start=1):
+        prompt_len = k * interval + offset
+        max_new = _turn0_max_new(prompt_len, interval)
+        nb = next_boundary(prompt_len, interval)
+        spanned = boundaries_upto(prompt_len + max_new, interval)
+        targets = (f"Prompt of {prompt_len} tokens {_where(offset, k * interval)} (I={interval}); turn 0 "
+                   f"spans {spanned} boundaries up to {nb} and turn 1 restores the deepest checkpoint.")
+        meta = {"boundary_offset": offset, "k": k, "boundary": k * interval, "next_boundary": nb}
+        out.append(b.session(f"frozen-i{interval}-multi{n}", interval, "multi", targets, prompt_len, max_new,
+                             meta))
+    return out
+
+
+def _control_sessions(b: _Builder, interval: int) -> list[Session]:
+    # The whole session (prompt, turn-0 output, suffix, turn-1 output) ends below the first boundary,
+    # with a block to spare so not even a full verify block past the last token reaches it.
+    room = interval - 1 - b.block_size - len(b.suffix_ids) - TURN1_MAX_NEW_TOKENS
+    max_new = room // 4
+    longest = room - max_new
+    if longest < NUM_CONTROLS:
+        raise ValueError(f"interval {interval} leaves no room for a control session")
+    out = []
+    for n in range(1, NUM_CONTROLS + 1):
+        prompt_len = longest * n // NUM_CONTROLS
+        end = prompt_len + max_new + len(b.suffix_ids) + TURN1_MAX_NEW_TOKENS
+        targets = (f"Control: prompt of {prompt_len} tokens, both turns end by token {end}, below the "
+                   f"first boundary {interval}; no checkpoint is tracked, so a hard mismatch is a "
+                   "false alarm.")
+        meta = {"boundary_offset": None, "k": 0, "boundary": None, "next_boundary": interval}
+        out.append(b.session(f"frozen-i{interval}-ctrl{n}", interval, "control", targets, prompt_len, max_new,
+                             meta))
+    return out
+
+
+def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS,
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> list[Session]:
+    """The frozen suite, deterministically: offset cases, multi-boundary cases, controls per interval."""
+    b = _Builder(block_size)
+    sessions: list[Session] = []
+    for interval in intervals:
+        sessions += _offset_sessions(b, interval)
+        sessions += _multi_sessions(b, interval)
+        sessions += _control_sessions(b, interval)
+    return sessions
+
+
+def check_file(path: Path) -> str | None:
+    """None when `path` holds exactly what the generator writes, else what differs."""
+    sessions = generate_frozen()
+    expected = dumps_jsonl(sessions)
+    try:
+        actual = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{path}: cannot read: {e}"
+    if actual == expected:
+        return None
+    exp_lines, act_lines = expected.splitlines(), actual.splitlines()
+    for i, (e, a) in enumerate(zip(exp_lines, act_lines, strict=False), start=1):
+        if e != a:
+            return f"{path}:{i}: differs from the generator (session {sessions[i - 1].session_id})"
+    return f"{path}: {len(act_lines)} lines, the generator writes {len(exp_lines)}"
+
+
+def _fmt_counts(counter: Counter) -> str:
+    return " ".join(f"{key}:{counter[key]}" for key in sorted(counter))
+
+
+def describe(sessions: list[Session]) -> str:
+    """The coverage table: per interval, offsets, boundaries spanned, controls; then totals."""
+    lines = []
+    for interval in sorted({s.interval for s in sessions if s.interval is not None}):
+        mine = [s for s in sessions if s.interval == interval]
+        groups = Counter(s.group for s in mine)
+        lines.append(f"interval {interval}: {len(mine)} sessions ("
+                     + ", ".join(f"{g} {groups[g]}" for g in GROUPS if groups[g]) + ")")
+        lines.append(f"  {'offset':>6}  {'count':>5}  {'turn-0 lengths':<16}  max_new_tokens")
+        offsets = [s for s in mine if s.group == "offset"]
+        for off in sorted({s.meta["boundary_offset"] for s in offsets}):
+            at = [s for s in offsets if s.meta["boundary_offset"] == off]
+            lens = ", ".join(str(s.prompt_len) for s in at)
+            news = ", ".join(str(s.turns[0].max_new_tokens) for s in at)
+            lines.append(f"  {off:>+6}  {len(at):>5}  {lens:<16}  {news}")
+        for group in ("offset", "multi"):
+            spans = Counter(s.meta["boundaries_spanned"] for s in mine if s.group == group)
+            lines.append(f"  boundaries spanned by turn 0 ({group}): {_fmt_counts(spans)}")
+        multi = [s for s in mine if s.group == "multi"]
+        lines.append("  multi: " + ", ".join(f"{s.session_id.rsplit('-', 1)[1]} len {s.prompt_len} "
+                                             f"spans {s.meta['boundaries_spanned']}" for s in multi))
+        controls = [s for s in mine if s.group == "control"]
+        if controls:
+            ends = max(s.max_total_tokens() for s in controls)
+            lines.append(f"  control: {len(controls)} sessions, prompts "
+                         f"{', '.join(str(s.prompt_len) for s in controls)}; longest session ends at {ends}, "
+                         f"more than a block below boundary {interval}")
+    requests = sum(len(s.turns) for s in sessions)
+    per = ", ".join(f"{c} at I={i}" for i, c in sorted(Counter(s.interval for s in sessions).items()))
+    lines.append(f"total: {len(sessions)} sessions ({per}), {requests} requests, "
+                 f"longest turn-0 prompt {max(s.prompt_len for s in sessions)} tokens, "
+                 f"longest session {max(s.max_total_tokens() for s in sessions)} tokens")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: --write, --check, --describe (on --file, default the committed suite)."""
+    ap = argparse.ArgumentParser(prog="python -m workloads.frozen", description=__doc__.splitlines()[0])
+    ap.add_argument("--file", type=Path, default=FROZEN_PATH, help="the JSONL file (default: %(default)s)")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="regenerate the file")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the file differs from the generator")
+    mode.add_argument("--describe", action="store_true", help="print the coverage table")
+    args = ap.parse_args(argv)
+    if args.write:
+        sessions = generate_frozen()
+        args.file.write_text(dumps_jsonl(sessions), encoding="utf-8")
+        print(f"wrote {len(sessions)} sessions to {args.file}")
+        return 0
+    if args.check:
+        problem = check_file(args.file)
+        if problem:
+            print(f"{problem}; run `python -m workloads.frozen --write` if the generator change is intended",
+                  file=sys.stderr)
+            return 1
+        print(f"{args.file}: matches the generator")
+        return 0
+    print(describe(validate_file(args.file)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
