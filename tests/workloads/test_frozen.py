@@ -1,0 +1,156 @@
+"""The frozen boundary suite: determinism, the --check gate, and coverage."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine.model.tokenizer import TOKENIZER
+from workloads import load_suite
+from workloads.boundaries import DEFAULT_BLOCK_SIZE, MAX_TURN0_TOKENS, next_boundary
+from workloads.frozen import FROZEN_PATH, TURN1_SUFFIX, generate_frozen, main
+from workloads.schema import dumps_jsonl
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+INTERVALS = (128, 256)
+B = DEFAULT_BLOCK_SIZE
+
+
+@pytest.fixture(scope="module")
+def suite():
+    return load_suite("frozen")
+
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workloads.frozen", *args], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_generator_is_deterministic_and_matches_committed_file(suite):
+    first, second = generate_frozen(), generate_frozen()
+    assert first == second
+    assert dumps_jsonl(first) == FROZEN_PATH.read_text(encoding="utf-8")
+    assert suite == first
+
+
+def test_check_passes_on_committed_file():
+    proc = _run_cli("--check")
+    assert proc.returncode == 0, proc.stderr
+    assert "matches the generator" in proc.stdout
+
+
+def test_check_fails_on_edited_copy(tmp_path):
+    lines = FROZEN_PATH.read_text(encoding="utf-8").splitlines(keepends=True)
+    obj = json.loads(lines[6])
+    obj["turns"][0]["max_new_tokens"] += 1
+    lines[6] = json.dumps(obj, separators=(",", ":")) + "\n"
+    edited = tmp_path / "frozen.jsonl"
+    edited.write_text("".join(lines), encoding="utf-8")
+    proc = _run_cli("--check", "--file", str(edited))
+    assert proc.returncode == 1
+    assert f"frozen.jsonl:7: differs from the generator (session {obj['session_id']})" in proc.stderr
+
+
+def test_check_fails_on_truncated_copy(tmp_path, capsys):
+    lines = FROZEN_PATH.read_text(encoding="utf-8").splitlines(keepends=True)
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(lines[:-1]), encoding="utf-8")
+    assert main(["--check", "--file", str(short)]) == 1
+    assert "55 lines, the generator writes 56" in capsys.readouterr().err
+
+
+def test_write_reproduces_committed_bytes(tmp_path):
+    out = tmp_path / "regen.jsonl"
+    assert main(["--write", "--file", str(out)]) == 0
+    assert out.read_bytes() == FROZEN_PATH.read_bytes()
+
+
+def test_describe_prints_coverage(capsys):
+    assert main(["--describe"]) == 0
+    out = capsys.readouterr().out
+    for interval in INTERVALS:
+        assert f"interval {interval}: 28 sessions (offset 20, multi 4, control 4)" in out
+    assert "boundaries spanned by turn 0 (multi): 2:1 3:2 4:1" in out
+    assert "      -8      2  120, 248          24, 24" in out
+    assert "total: 56 sessions (28 at I=128, 28 at I=256), 112 requests" in out
+
+
+def test_counts_per_interval_and_group(suite):
+    assert len(suite) == 56
+    assert len({s.session_id for s in suite}) == 56
+    for interval in INTERVALS:
+        mine = [s for s in suite if s.interval == interval]
+        assert len(mine) == 28
+        assert Counter(s.group for s in mine) == {"offset": 20, "multi": 4, "control": 4}
+        assert all(s.suite == "frozen" and len(s.turns) == 2 and s.targets for s in mine)
+
+
+@pytest.mark.parametrize("interval", INTERVALS)
+def test_every_offset_at_two_boundaries(suite, interval):
+    offset_cases = {(s.meta["k"], s.meta["boundary_offset"]): s
+                    for s in suite if s.interval == interval and s.group == "offset"}
+    expected = {(k, off) for k in (1, 2) for off in range(-B, 2)}
+    assert set(offset_cases) == expected
+    for (k, off), s in offset_cases.items():
+        assert s.prompt_len == k * interval + off == s.meta["turn0_len"]
+        name = f"m{-off}" if off < 0 else f"p{off}"
+        assert s.session_id == f"frozen-i{interval}-k{k}-{name}"
+
+
+def test_turn0_decoding_crosses_the_next_boundary(suite):
+    for s in suite:
+        if s.group == "control":
+            continue
+        nb = next_boundary(s.prompt_len, s.interval)
+        assert s.turns[0].max_new_tokens == nb - s.prompt_len + 16 <= 300
+        assert s.meta["next_boundary"] == nb
+        assert s.meta["boundaries_spanned"] == (s.prompt_len + s.turns[0].max_new_tokens) // s.interval
+
+
+def test_on_boundary_prompt_crosses_the_following_boundary(suite):
+    s = next(s for s in suite if s.session_id == "frozen-i256-k1-p0")
+    assert (s.prompt_len, s.turns[0].max_new_tokens, s.meta["boundaries_spanned"]) == (256, 272, 2)
+
+
+@pytest.mark.parametrize("interval", INTERVALS)
+def test_multi_cases_span_two_to_four_boundaries(suite, interval):
+    multi = [s for s in suite if s.interval == interval and s.group == "multi"]
+    assert [s.session_id for s in multi] == [f"frozen-i{interval}-multi{n}" for n in range(1, 5)]
+    assert [s.prompt_len for s in multi] == [2 * interval - 3, 3 * interval - 5, 4 * interval - 2,
+                                             2 * interval + 3]
+    assert [s.meta["boundaries_spanned"] for s in multi] == [2, 3, 4, 3]
+
+
+@pytest.mark.parametrize("interval", INTERVALS)
+def test_controls_never_reach_a_boundary(suite, interval):
+    controls = [s for s in suite if s.interval == interval and s.group == "control"]
+    assert [s.session_id for s in controls] == [f"frozen-i{interval}-ctrl{n}" for n in range(1, 5)]
+    for s in controls:
+        t0, t1 = s.turns
+        end = s.prompt_len + t0.max_new_tokens + len(t1.suffix_ids) + t1.max_new_tokens
+        assert end == s.max_total_tokens()
+        assert end + B < next_boundary(s.prompt_len, interval) == interval
+        assert s.meta["boundaries_spanned"] == 0 and s.meta["boundary_offset"] is None
+
+
+def test_tokens_are_the_texts_encoding(suite):
+    suffix_ids = tuple(TOKENIZER.encode(TURN1_SUFFIX))
+    assert 8 <= len(suffix_ids) <= 24
+    texts = set()
+    for s in suite:
+        t0, t1 = s.turns
+        assert t0.text.isascii() and t0.input_ids == tuple(TOKENIZER.encode(t0.text))
+        assert t0.suffix_ids is None and t1.input_ids is None and t1.text is None
+        assert (t1.suffix_text, t1.suffix_ids, t1.max_new_tokens) == (TURN1_SUFFIX, suffix_ids, 32)
+        texts.add(t0.text)
+    assert len(texts) == 56  # every case has its own text
+
+
+def test_lengths_fit_the_context(suite):
+    assert max(s.prompt_len for s in suite) == 1022 <= MAX_TURN0_TOKENS
+    assert max(s.max_total_tokens() for s in suite) <= 2048
