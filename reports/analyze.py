@@ -1,0 +1,277 @@
+"""Classify each candidate record against its cold-path reference and attribute it to boundaries.
+
+DESIGN.md 3.3. Classes: `exact` (same tokens), `soft` (the reference's top-1/top-2
+log-prob margin at the first divergence is strictly below the threshold: a numerics
+flip), `hard` (any other divergence: the signature of a state bug), `error` (the
+request, or its reference, failed or is missing). Positions are 0-based sequence
+indices: output token p sits at sequence index `input_len + p`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+import pandas as pd
+
+CLASSES = ("exact", "soft", "hard", "error")
+
+# requests.csv columns, in order (documented in docs/reports.md).
+REQUEST_COLUMNS = [
+    "key", "run_id", "pool", "interval", "concurrency", "block_size", "fault", "replica_id", "suite",
+    "case_id", "session_id", "turn", "input_hash", "input_len", "output_len", "ref_output_len",
+    "class", "detail", "first_divergence", "divergence_pos", "divergence_offset", "ref_margin",
+    "cand_rank", "cand_token", "ref_token", "cached_tokens", "restored", "restored_offset",
+    "prompt_offset", "crossing_source", "crossed_boundaries", "n_crossings", "n_untracked_crossings",
+    "crossings", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
+    "restored_crossing_tracked", "spec_verify_ct", "spec_accept_length", "completion_tokens",
+    "finish_reason", "ttft", "itl", "e2e", "t_start", "retries", "error", "tokenizer",
+]
+
+_INT_COLUMNS = [
+    "interval", "concurrency", "block_size", "turn", "input_len", "output_len", "ref_output_len",
+    "first_divergence", "divergence_pos", "divergence_offset", "cand_rank", "cand_token", "ref_token",
+    "cached_tokens", "restored_offset", "prompt_offset", "n_crossings", "n_untracked_crossings",
+    "restored_crossing_step", "restored_crossing_commit_len", "spec_verify_ct", "completion_tokens",
+    "retries",
+]
+_FLOAT_COLUMNS = ["ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """One checkpoint boundary crossed while generating.
+
+    `step` is the verify-block step whose state belongs at the boundary
+    (`boundary - pre_len - 1`), i.e. the step that should have been tracked.
+    Inferred crossings (engine without `spec_trace`) know only the boundary.
+    """
+
+    boundary: int
+    source: str  # "reported" (from spec_trace) or "inferred" (from positions)
+    pre_len: int | None = None
+    commit_len: int | None = None
+    step: int | None = None
+    tracked: int | None = None  # the step the engine reports it tracked (-1: none)
+    tracked_agrees: bool | None = None
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The outcome of comparing one candidate output with its reference."""
+
+    cls: str
+    detail: str
+    first_divergence: int | None = None
+    ref_margin: float | None = None
+    cand_rank: int | None = None
+    cand_token: int | None = None
+    ref_token: int | None = None
+
+
+def nearest_boundary_offset(pos: int, interval: int) -> int:
+    """Signed offset of `pos` from the nearest multiple of `interval`, in (-I/2, I/2].
+
+    Positive means past the boundary: 257 -> +1 and 255 -> -1 at I=256.
+    """
+    r = pos % interval
+    return r if 2 * r <= interval else r - interval
+
+
+def first_divergence(cand: Sequence[int], ref: Sequence[int]) -> int | None:
+    """First output index where the two token lists differ (shorter length if one is a prefix); None if equal."""
+    for i, (a, b) in enumerate(zip(cand, ref, strict=False)):
+        if a != b:
+            return i
+    return None if len(cand) == len(ref) else min(len(cand), len(ref))
+
+
+def _sorted_top(top: Sequence | None) -> list[tuple[float, int]]:
+    if not top:
+        return []
+    entries = [(float(e[0]), int(e[1])) for e in top if e is not None and e[0] is not None]
+    return sorted(entries, key=lambda e: -e[0])
+
+
+def top_margin(top: Sequence | None) -> float | None:
+    """Top-1 minus top-2 log-prob of one position's top-k `[[logprob, token_id], ...]`; None if k < 2."""
+    entries = _sorted_top(top)
+    return entries[0][0] - entries[1][0] if len(entries) >= 2 else None
+
+
+def token_rank(top: Sequence | None, token: int) -> int | None:
+    """1-based rank of `token` in one position's top-k (1 = top-1); None if absent."""
+    for rank, (_, tok) in enumerate(_sorted_top(top), start=1):
+        if tok == token:
+            return rank
+    return None
+
+
+def _at(seq: Sequence | None, i: int):
+    return seq[i] if seq is not None and 0 <= i < len(seq) else None
+
+
+def classify(cand: dict, ref: dict | None, threshold: float = 0.5) -> Classification:
+    """DESIGN.md 3.3 classification of one candidate record against its reference record."""
+    if cand.get("error"):
+        return Classification("error", f"candidate error: {cand['error']}")
+    if ref is None:
+        return Classification("error", "no reference")
+    if ref.get("error"):
+        return Classification("error", f"reference error: {ref['error']}")
+    c_out = list(cand.get("output_ids") or [])
+    r_out = list(ref.get("output_ids") or [])
+    p = first_divergence(c_out, r_out)
+    if p is None:
+        return Classification("exact", "")
+    ref_top = _at(ref.get("output_top_logprobs"), p)
+    margin = top_margin(ref_top)
+    cand_token, ref_token = _at(c_out, p), _at(r_out, p)
+    rank = token_rank(ref_top, cand_token) if cand_token is not None else None
+    fields = dict(first_divergence=p, ref_margin=margin, cand_rank=rank, cand_token=cand_token,
+                  ref_token=ref_token)
+    if cand_token is None or ref_token is None:
+        # One output is a strict prefix of the other: no token flip to weigh, so not a numerics flip.
+        return Classification("hard", f"length: candidate {len(c_out)} vs reference {len(r_out)} tokens",
+                              **fields)
+    if margin is None:
+        return Classification("hard", "reference top-2 log-probs missing at divergence", **fields)
+    if margin < threshold:
+        return Classification("soft", f"margin {margin:.4g} < {threshold:g}", **fields)
+    return Classification("hard", f"margin {margin:.4g} >= {threshold:g}", **fields)
+
+
+def verify_crossings(spec_trace: Iterable[Sequence[int]], interval: int) -> list[Crossing]:
+    """Boundaries crossed inside verify steps `[pre_len, commit_len, tracked_step]` (DESIGN.md 1)."""
+    out = []
+    for entry in spec_trace:
+        pre, commit = int(entry[0]), int(entry[1])
+        tracked = int(entry[2]) if len(entry) > 2 and entry[2] is not None else None
+        post = pre + commit
+        if pre // interval == post // interval:
+            continue
+        boundary = post // interval * interval  # with commit_len <= I only one boundary fits
+        step = boundary - pre - 1
+        out.append(Crossing(boundary, "reported", pre, commit, step, tracked, tracked == step))
+    return out
+
+
+def inferred_crossings(input_len: int, output_len: int, interval: int) -> list[Crossing]:
+    """Boundaries b with input_len < b <= input_len + output_len (positions only; commit length unknown)."""
+    first = (input_len // interval + 1) * interval
+    return [Crossing(b, "inferred") for b in range(first, input_len + output_len + 1, interval)]
+
+
+def record_interval(rec: dict) -> int | None:
+    """The candidate pool's track interval: the record's own field, else its engine settings."""
+    interval = rec.get("interval")
+    if interval is None:
+        interval = (rec.get("engine") or {}).get("interval")
+    return int(interval) if interval else None
+
+
+def _row(cand: dict, ref: dict | None, threshold: float) -> tuple[dict, list[Crossing]]:
+    engine = cand.get("engine") or {}
+    interval = record_interval(cand)
+    c = classify(cand, ref, threshold)
+    input_len = int(cand.get("input_len") or len(cand.get("input_ids") or []))
+    output = cand.get("output_ids") or []
+    cached = int(cand.get("cached_tokens") or 0)
+    trace = cand.get("spec_trace")
+    if interval is None:
+        crossings, source = [], "none"
+    elif trace is not None:
+        crossings, source = verify_crossings(trace, interval), "reported"
+    else:
+        crossings, source = inferred_crossings(input_len, len(output), interval), "inferred"
+    div_pos = input_len + c.first_divergence if c.first_divergence is not None else None
+    row = {
+        "key": cand.get("key"), "run_id": cand.get("run_id"), "pool": cand.get("pool"),
+        "interval": interval, "concurrency": cand.get("concurrency"),
+        "block_size": engine.get("block_size"), "fault": engine.get("fault"),
+        "replica_id": cand.get("replica_id"), "suite": cand.get("suite"), "case_id": cand.get("case_id"),
+        "session_id": cand.get("session_id"), "turn": cand.get("turn"), "input_hash": cand.get("input_hash"),
+        "input_len": input_len, "output_len": len(output),
+        "ref_output_len": len(ref.get("output_ids") or []) if ref is not None else None,
+        "class": c.cls, "detail": c.detail, "first_divergence": c.first_divergence,
+        "divergence_pos": div_pos,
+        "divergence_offset": nearest_boundary_offset(div_pos, interval) if div_pos is not None and interval
+        else None,
+        "ref_margin": c.ref_margin, "cand_rank": c.cand_rank, "cand_token": c.cand_token,
+        "ref_token": c.ref_token, "cached_tokens": cached, "restored": cached > 0,
+        "restored_offset": input_len - cached if cached > 0 else None,
+        "prompt_offset": nearest_boundary_offset(input_len, interval) if interval else None,
+        "crossing_source": source, "crossed_boundaries": " ".join(str(x.boundary) for x in crossings),
+        "n_crossings": len(crossings),
+        "n_untracked_crossings": sum(1 for x in crossings if x.tracked_agrees is False),
+        "crossings": [asdict(x) for x in crossings],
+        "restored_verify_crossed": False, "restored_crossing_step": None,
+        "restored_crossing_commit_len": None, "restored_crossing_tracked": None,
+        "spec_verify_ct": cand.get("spec_verify_ct"), "spec_accept_length": cand.get("spec_accept_length"),
+        "completion_tokens": cand.get("completion_tokens", len(output)),
+        "finish_reason": cand.get("finish_reason"), "ttft": cand.get("ttft"), "itl": cand.get("itl"),
+        "e2e": cand.get("e2e"), "t_start": cand.get("t_start"), "retries": cand.get("retries"),
+        "error": cand.get("error"), "tokenizer": cand.get("tokenizer"),
+    }
+    return row, crossings
+
+
+def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]) -> None:
+    """Mark turns whose restored checkpoint the previous turn (same session and sweep point) crossed in a verify step.
+
+    That is the #37817 signature: the checkpoint was saved (or not) by the verify
+    tracking path, then restored by the next turn.
+    """
+    index = {(r["pool"], r["concurrency"], r["session_id"], r["turn"]): i for i, r in enumerate(rows)}
+    for row in rows:
+        turn, cached = row["turn"], row["cached_tokens"]
+        if not isinstance(turn, int) or turn <= 0 or cached <= 0:
+            continue
+        prev = index.get((row["pool"], row["concurrency"], row["session_id"], turn - 1))
+        if prev is None:
+            continue
+        for x in crossings[prev]:
+            if x.source == "reported" and x.boundary == cached:
+                row["restored_verify_crossed"] = True
+                row["restored_crossing_step"] = x.step
+                row["restored_crossing_commit_len"] = x.commit_len
+                row["restored_crossing_tracked"] = x.tracked_agrees
+                break
+
+
+def empty_frame() -> pd.DataFrame:
+    """A requests frame with every column and no rows."""
+    return _typed(pd.DataFrame({c: [] for c in REQUEST_COLUMNS}))
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    for col in _INT_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("Float64").round().astype("Int64")
+    for col in _FLOAT_COLUMNS:
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df["restored"] = df["restored"].astype(bool)
+    df["restored_verify_crossed"] = df["restored_verify_crossed"].astype(bool)
+    df["restored_crossing_tracked"] = df["restored_crossing_tracked"].astype("boolean")
+    return df
+
+
+def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: float = 0.5) -> pd.DataFrame:
+    """One row per candidate record (columns REQUEST_COLUMNS): class, divergence, margin and attribution.
+
+    `references` maps `input_hash` to the reference record.
+    """
+    rows, crossings = [], []
+    for cand in candidates:
+        row, xs = _row(cand, references.get(str(cand.get("input_hash"))), threshold)
+        rows.append(row)
+        crossings.append(xs)
+    if not rows:
+        return empty_frame()
+    _link_restored_checkpoints(rows, crossings)
+    return _typed(pd.DataFrame(rows, columns=REQUEST_COLUMNS))
+
+
+def crossings_json(crossings: list[dict]) -> str:
+    """The `crossings` cell as written to requests.csv."""
+    return json.dumps(crossings, separators=(",", ":"))

@@ -1,0 +1,232 @@
+"""PNG figures of a run (matplotlib, Agg). Every figure draws an empty-state message instead of failing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator, ScalarFormatter  # noqa: E402
+
+HARD, SOFT = "#c62828", "#ef9f27"
+DPI = 100
+PLOT_FILES = {
+    "mismatch_rate": "mismatch_rate_by_prompt_offset.png",
+    "verify_heatmap": "hard_by_verify_step.png",
+    "divergence": "divergence_offset.png",
+    "accept_length": "accept_length.png",
+    "performance": "throughput_latency.png",
+}
+
+
+def _intervals(df: pd.DataFrame) -> list[int]:
+    return sorted(int(i) for i in df["interval"].dropna().unique()) if len(df) else []
+
+
+def _empty(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, color="#555", wrap=True,
+            transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _figure(rows: int, cols: int, width: float = 11.0, row_height: float = 3.4):
+    fig = Figure(figsize=(width, row_height * rows + 0.6), dpi=DPI, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, axes
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path)
+    return path
+
+
+def mismatch_rate_by_prompt_offset(df: pd.DataFrame, path: Path) -> Path:
+    """Hard and soft mismatch rate by the prompt's offset to its nearest boundary, one panel per interval."""
+    intervals = _intervals(df)
+    fig, axes = _figure(max(1, len(intervals)), 1)
+    fig.suptitle("Mismatch rate by prompt offset to the nearest checkpoint boundary", fontweight="bold")
+    if not intervals:
+        _empty(axes[0, 0], "no candidate requests with a track interval")
+        return _save(fig, path)
+    for ax, interval in zip(axes[:, 0], intervals, strict=False):
+        g = df[(df["interval"] == interval) & df["prompt_offset"].notna()]
+        offsets = g["prompt_offset"].astype(int)
+        width = 1
+        if offsets.nunique() > 64:  # a load suite spreads prompts over the whole interval: bin them
+            width = max(1, interval // 32)
+            offsets = offsets // width * width
+        by = pd.DataFrame({"x": offsets, "hard": g["class"] == "hard", "soft": g["class"] == "soft"})
+        rates = by.groupby("x").agg(hard=("hard", "mean"), soft=("soft", "mean"), n=("hard", "size"))
+        bar = 0.4 * width
+        ax.bar(rates.index - bar / 2, rates["hard"], width=bar, color=HARD, label="hard")
+        ax.bar(rates.index + bar / 2, rates["soft"], width=bar, color=SOFT, label="soft")
+        ax.scatter(rates.index, np.zeros(len(rates)), marker="|", s=120, color="#555", label="offset tested")
+        if len(rates) <= 40:
+            for x, n in zip(rates.index, rates["n"], strict=False):
+                ax.text(x, 1.07, f"n={n}", ha="center", fontsize=7, color="#555")
+        ax.axvline(0, color="#888", linestyle="--", linewidth=1)
+        ax.set_ylim(0, 1.12)
+        binned = f" (bins of {width})" if width > 1 else ""
+        ax.set_title(f"interval {interval}: {len(g)} requests")
+        ax.set_xlabel(f"prompt length - nearest multiple of {interval} (tokens){binned}")
+        ax.set_ylabel("share of requests")
+        ax.legend(loc="upper right")
+        if not (by["hard"].any() or by["soft"].any()):
+            ax.text(0.5, 0.6, "no hard or soft mismatches", ha="center", transform=ax.transAxes, color="#2e7d32",
+                    fontsize=12)
+    return _save(fig, path)
+
+
+def _heatmap(ax, rows: pd.DataFrame, empty_message: str, title: str, block_size: int | None) -> None:
+    ax.set_title(title, fontsize=10)
+    if rows.empty:
+        _empty(ax, empty_message)
+        return
+    steps = rows["offset"].astype(int)
+    commits = rows["commit_len"].astype(int)
+    n = max(int(steps.max()) + 1, int(commits.max()), block_size or 0)  # steps 0..n-1, commit lengths 1..n
+    hard = np.zeros((n, n))  # [commit_len - 1, step]
+    total = np.zeros((n, n))
+    for s, c, h, k in zip(steps, commits, rows["hard"], rows["requests"], strict=False):
+        hard[c - 1, s] += h
+        total[c - 1, s] += k
+    extent = (-0.5, n - 0.5, 0.5, n + 0.5)
+    impossible = np.fromfunction(lambda c, s: s > c, (n, n))  # the boundary step lies in the accepted part
+    ax.imshow(np.where(impossible, 1.0, np.nan), cmap="Greys", vmin=0, vmax=4, origin="lower", aspect="auto",
+              extent=extent)
+    vmax = max(1, int(hard.max()))
+    image = ax.imshow(np.where(total > 0, hard, np.nan), cmap="Reds", origin="lower", aspect="auto",
+                      vmin=0, vmax=vmax, extent=extent)
+    for c in range(n):
+        for s in range(n):
+            if total[c, s]:
+                color = "white" if hard[c, s] > vmax / 2 else "black"
+                ax.text(s, c + 1, f"{int(hard[c, s])}/{int(total[c, s])}", ha="center", va="center",
+                        fontsize=8, color=color, fontweight="bold")
+    ax.set_xlabel("verify step holding the boundary state (boundary - pre_len - 1)")
+    ax.set_ylabel("commit length")
+    ax.set_xticks(range(n))
+    ax.set_yticks(range(1, n + 1))
+    bar = ax.figure.colorbar(image, ax=ax, label="hard mismatches")
+    bar.locator = MaxNLocator(integer=True)
+    bar.update_ticks()
+
+
+def hard_by_verify_step(boundaries: pd.DataFrame, path: Path, block_size: int | None = None) -> Path:
+    """Heatmaps step x commit length of hard mismatches: own verify crossings, and restored checkpoints'."""
+    intervals = sorted(int(i) for i in boundaries["interval"].dropna().unique()) if len(boundaries) else []
+    fig, axes = _figure(max(1, len(intervals)), 2, width=12.0, row_height=3.8)
+    fig.suptitle("Hard mismatches by the verify step that crossed a boundary (cell: hard / requests)",
+                 fontweight="bold")
+    if not intervals:
+        for ax in axes[0]:
+            _empty(ax, "no boundary attributions")
+        return _save(fig, path)
+    for row, interval in zip(axes, intervals, strict=False):
+        b = boundaries[boundaries["interval"] == interval]
+        own = b[b["boundary_kind"] == "crossed_verify"].dropna(subset=["offset", "commit_len"])
+        restored = b[b["boundary_kind"] == "restored_verify"].dropna(subset=["offset", "commit_len"])
+        _heatmap(row[0], own, "no verify crossings reported\n(no spec_trace in the records)",
+                 f"interval {interval}: requests whose own verify step crossed a boundary", block_size)
+        _heatmap(row[1], restored, "no restored checkpoint was crossed\nin a verify step of the previous turn",
+                 f"interval {interval}: requests that restored a checkpoint\ncrossed in the previous turn's verify",
+                 block_size)
+    return _save(fig, path)
+
+
+def divergence_offset(df: pd.DataFrame, path: Path) -> Path:
+    """Histogram of the first divergence's offset to the nearest boundary, hard and soft, per interval."""
+    intervals = _intervals(df)
+    fig, axes = _figure(max(1, len(intervals)), 1)
+    fig.suptitle("First divergence position relative to the nearest checkpoint boundary", fontweight="bold")
+    if not intervals:
+        _empty(axes[0, 0], "no candidate requests with a track interval")
+        return _save(fig, path)
+    for ax, interval in zip(axes[:, 0], intervals, strict=False):
+        g = df[(df["interval"] == interval) & df["divergence_offset"].notna()]
+        ax.set_title(f"interval {interval}")
+        if g.empty:
+            _empty(ax, f"interval {interval}: no divergences (every answered request matched its reference)")
+            continue
+        bins = np.arange(-(interval // 2), interval // 2 + 2) - 0.5
+        for cls, color in (("hard", HARD), ("soft", SOFT)):
+            values = g.loc[g["class"] == cls, "divergence_offset"].astype(int)
+            ax.hist(values, bins=bins, histtype="stepfilled", color=color, alpha=0.6, label=f"{cls} ({len(values)})")
+        ax.axvline(0, color="#888", linestyle="--", linewidth=1)
+        ax.set_xlabel(f"divergence position - nearest multiple of {interval} (tokens)")
+        ax.set_ylabel("requests")
+        ax.legend(loc="upper right")
+    return _save(fig, path)
+
+
+def accept_length(df: pd.DataFrame, path: Path) -> Path:
+    """Histogram of per-request mean accept length (completion tokens / verify steps), per interval."""
+    fig, axes = _figure(1, 1, row_height=3.6)
+    ax = axes[0, 0]
+    ax.set_title("Speculative accept length per request", fontweight="bold")
+    spec = df[df["spec_accept_length"].notna()] if len(df) else df
+    if spec.empty:
+        _empty(ax, "no speculative decoding data (spec_accept_length is empty)")
+        return _save(fig, path)
+    values = spec["spec_accept_length"].astype(float)
+    bins = np.linspace(min(1.0, values.min()), max(values.max(), 1.0) + 1e-9, 25)
+    for interval, g in spec.groupby("interval", dropna=False):
+        label = f"interval {int(interval)}" if pd.notna(interval) else "no interval"
+        ax.hist(g["spec_accept_length"].astype(float), bins=bins, histtype="step", linewidth=2,
+                label=f"{label} (mean {g['spec_accept_length'].mean():.2f})")
+    ax.set_xlabel("accept length (completion tokens / verify steps)")
+    ax.set_ylabel("requests")
+    ax.legend()
+    return _save(fig, path)
+
+
+def throughput_latency(configs: pd.DataFrame, path: Path) -> Path:
+    """Output tok/s and TTFT / ITL / E2E p50 and p99 against concurrency, one line per interval."""
+    fig, axes = _figure(2, 2, row_height=3.4)
+    fig.suptitle("Throughput and latency vs concurrency", fontweight="bold")
+    panels = [("output_tok_s", "output tokens / s", None), ("ttft", "TTFT (ms)", "ttft"),
+              ("itl", "mean ITL (ms)", "itl"), ("e2e", "E2E latency (ms)", "e2e")]
+    data = configs.dropna(subset=["concurrency"]) if len(configs) else configs
+    for ax, (col, label, metric) in zip(axes.flat, panels, strict=False):
+        ax.set_title(label)
+        cols = [col] if metric is None else [f"{metric}_p50_ms", f"{metric}_p99_ms"]
+        if data.empty or data[cols].isna().all().all():
+            _empty(ax, f"no {label} data")
+            continue
+        for i, (pool, g) in enumerate(data.sort_values("concurrency").groupby("pool", sort=True)):
+            color = f"C{i}"
+            x = g["concurrency"].astype(int)
+            if metric is None:
+                ax.plot(x, g[col], "o-", color=color, label=str(pool))
+            else:
+                ax.plot(x, g[cols[0]], "o-", color=color, label=f"{pool} p50")
+                ax.plot(x, g[cols[1]], "s--", color=color, label=f"{pool} p99")
+        ax.set_ylim(bottom=0)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(data["concurrency"].astype(int).unique()))
+        ax.get_xaxis().set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def write_plots(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFrame,
+                out_dir: str | Path) -> dict[str, Path]:
+    """Draw every figure into `out_dir` (created); return name -> path."""
+    out = Path(out_dir)
+    sizes = df["block_size"].dropna() if len(df) else []
+    block_size = int(sizes.max()) if len(sizes) else None
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "mismatch_rate": mismatch_rate_by_prompt_offset(df, out / PLOT_FILES["mismatch_rate"]),
+        "verify_heatmap": hard_by_verify_step(boundaries, out / PLOT_FILES["verify_heatmap"], block_size),
+        "divergence": divergence_offset(df, out / PLOT_FILES["divergence"]),
+        "accept_length": accept_length(df, out / PLOT_FILES["accept_length"]),
+        "performance": throughput_latency(configs, out / PLOT_FILES["performance"]),
+    }

@@ -1,0 +1,94 @@
+"""Rebuild every table, plot and page of a run directory from its records alone.
+
+    python -m reports.render RUN_DIR [--margin-threshold X] [--max-soft-rate Y] [--max-hard N] [--max-errors N]
+
+Prints the verdict's headline and the report's path; exits 0 (pass), 1 (gate
+failed) or 2 (no records to judge: the harness failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
+from reports.analyze import analyze
+from reports.html import write_html
+from reports.junit import write_junit
+from reports.plots import write_plots
+from reports.records import load_config, load_run
+from reports.summary import render_summary
+from reports.tables import write_tables
+
+
+class NoRecordsError(RuntimeError):
+    """The run directory holds no candidate records: there is nothing to judge."""
+
+
+def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) -> Verdict:
+    """Write requests/boundaries/configs.csv, plots/*.png, report.html, summary.md and junit.xml; return the verdict.
+
+    Thresholds default to config.json's `gate` object, then to GateThresholds().
+    """
+    run_dir = Path(run_dir)
+    config = load_config(run_dir)
+    run = load_run(run_dir)
+    if not run.candidates:
+        raise NoRecordsError(f"{run_dir} has no candidate records (looked in {run_dir / 'records'}/*.jsonl)")
+    if thresholds is None:
+        thresholds = GateThresholds.from_mapping(config.get("gate"))
+    config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
+
+    df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold)
+    verdict = evaluate(df, thresholds)
+    tables = write_tables(df, run_dir)
+    plots = write_plots(df, tables["boundaries"], tables["configs"], run_dir / "plots")
+
+    warnings = []
+    if run.truncated:
+        warnings.append(f"ignored truncated last line(s): {', '.join(run.truncated)}")
+    if run.corrupt:
+        warnings.append(f"skipped unparseable line(s): {', '.join(run.corrupt)}")
+    if run.duplicates:
+        warnings.append(f"dropped {run.duplicates} record(s) whose key was already recorded")
+    missing = int((df["detail"] == "no reference").sum())
+    if missing:
+        warnings.append(f"{missing} candidate request(s) have no reference record (counted as errors)")
+
+    write_html(run_dir / "report.html", df=df, boundaries=tables["boundaries"], configs=tables["configs"],
+               verdict=verdict, config=config, records={r.get("key"): r for r in run.candidates},
+               references=run.references, plots=plots, warnings=warnings)
+    summary = render_summary(df, tables["boundaries"], tables["configs"], verdict, config)
+    (run_dir / "summary.md").write_text(summary, encoding="utf-8")
+    write_junit(df, run_dir / "junit.xml", run_id=str(config["run_id"]))
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return verdict
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports.render", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", type=Path, help="a run directory (runs/<run-id>) holding records/*.jsonl")
+    parser.add_argument("--margin-threshold", type=float, help="soft flip if the reference margin is below this")
+    parser.add_argument("--max-soft-rate", type=float, help="largest passing share of soft flips (0.02 = 2%%)")
+    parser.add_argument("--max-hard", type=int, help="largest passing number of hard mismatches")
+    parser.add_argument("--max-errors", type=int, help="largest passing number of request errors")
+    args = parser.parse_args(argv)
+    thresholds = GateThresholds.from_mapping(
+        load_config(args.run_dir).get("gate"), margin_threshold=args.margin_threshold,
+        max_soft_rate=args.max_soft_rate, max_hard=args.max_hard, max_errors=args.max_errors)
+    try:
+        verdict = render_run(args.run_dir, thresholds)
+    except NoRecordsError as e:
+        print(f"error: {e}; nothing to judge (exit {EXIT_HARNESS_FAILED})", file=sys.stderr)
+        return EXIT_HARNESS_FAILED
+    print(verdict.headline)
+    for reason in verdict.reasons:
+        print(f"  - {reason}")
+    print(f"report: {args.run_dir / 'report.html'}")
+    return verdict.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
