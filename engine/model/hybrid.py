@@ -78,19 +78,17 @@ def random_state_dict(cfg: HybridConfig, seed: int) -> dict[str, torch.Tensor]:
     """The full (unsharded) seeded random weights of a HybridLM."""
     gen = torch.Generator().manual_seed(seed)
     model = HybridLM(cfg)  # tp=1: full shapes
-    std = 0.02
-    out_std = std / math.sqrt(2 * cfg.num_layers)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             p.fill_(1.0)
         elif name == "embed.weight":
-            # unit-scale embeddings: with a tied head the random model's logits are peaked,
-            # so greedy choices have real margins rather than coin flips
             p.normal_(0.0, 1.0, generator=gen)
-        elif name.endswith(("o_proj.weight", "out_proj.weight", "down.weight")):
-            p.normal_(0.0, out_std, generator=gen)
         elif p.dim() == 2 and "conv_weight" not in name:
-            p.normal_(0.0, std, generator=gen)
+            # fan-in scaled, so every layer moves the residual stream as much as the embedding
+            # does: a random model whose tokens depend on its (linear and attention) state,
+            # not one that echoes its input token
+            gain = 4.0 if name.endswith(("o_proj.weight", "out_proj.weight", "down.weight")) else 1.0
+            p.normal_(0.0, gain / math.sqrt(p.shape[1]), generator=gen)
     for layer in model.layers:
         if not layer.is_attention:
             layer.mixer.init_weights(gen)

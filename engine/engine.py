@@ -1,0 +1,141 @@
+"""Engine: one replica's step loop (scheduler + runner + DFlash worker)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from engine import kernels
+from engine.api import GenerateOutput, GenerateRequest
+from engine.config import EngineConfig
+from engine.model.tokenizer import VOCAB_SIZE
+from engine.parallel import SINGLE, TPContext
+from engine.runner import ModelRunner
+from engine.sampling import sample
+from engine.scheduler import Scheduler
+from engine.spec.dflash import DFlashWorker
+
+
+class Engine:
+    """Synchronous engine: `submit` requests, call `step` until idle (or use `generate`)."""
+
+    def __init__(self, cfg: EngineConfig, tp: TPContext = SINGLE):
+        cfg.validate()
+        torch.set_grad_enabled(False)
+        kernels.set_force_torch(cfg.force_torch_kernels)
+        self.cfg = cfg
+        num_pages = math.ceil(cfg.max_total_tokens / cfg.page_size)
+        tracking = cfg.radix_cache and cfg.mamba_radix_cache_strategy == "extra_buffer"
+        slots = cfg.max_state_slots or cfg.max_running_requests * (3 if tracking else 1) + (
+            4 * cfg.max_running_requests if cfg.radix_cache else 0)
+        self.runner = ModelRunner(cfg, num_pages, slots, tp)
+        self.model_config = self.runner.model_cfg
+        self.max_context = self.model_config.max_position_embeddings
+        self.sched = Scheduler(cfg, self.runner, self.max_context)
+        self.worker = DFlashWorker(cfg, self.runner, self.sched) if cfg.speculative else None
+        self._baseline = self.pool_usage()
+
+    # --- requests -----------------------------------------------------------
+    def validate(self, req: GenerateRequest) -> None:
+        """Raise ValueError (naming the field) for a request this engine cannot serve."""
+        bad = [t for t in req.input_ids if not 0 <= int(t) < VOCAB_SIZE]
+        if bad:
+            raise ValueError(f"input_ids: token id {bad[0]} is outside the vocabulary (0..{VOCAB_SIZE - 1})")
+        self.sched.check_fits(req)
+
+    def submit(self, req: GenerateRequest) -> None:
+        self.validate(req)
+        self.sched.add(req)
+
+    def abort(self, rid: str, message: str = "aborted by client") -> bool:
+        return self.sched.abort(rid, message)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.sched.waiting or self.sched.running)
+
+    # --- the loop -----------------------------------------------------------
+    def step(self) -> list[GenerateOutput]:
+        """Admit, run one mixed step (prefill chunks + one decode/verify batch), reap; returns touched outputs."""
+        sched, runner = self.sched, self.runner
+        touched: dict[str, GenerateOutput] = {}
+        # requests aborted while still waiting are finished already
+        sched.admit()
+        decodes = sched.decode_batch()
+        for r, start, end in sched.prefill_chunks():
+            logits = runner.extend(list(r.prompt[start:end]), start, r.pages, r.working_slot)
+            if sched.on_tokens_committed(r, end):
+                runner.copy_state(r.working_slot, sched.record_track(r, end))
+            if end == len(r.prompt):
+                if r.req.sampling.max_new_tokens == 0:
+                    r.out.finished = True
+                    r.out.finish_reason = {"type": "length", "length": 0}
+                else:
+                    sched.append_token(r, sample(logits, r.req.sampling.temperature, r.generator), logits)
+            touched[r.rid] = r.out
+        if decodes:
+            if self.worker is not None:
+                self.worker.step(decodes)
+            else:
+                self._decode(decodes)
+            for r in decodes:
+                touched[r.rid] = r.out
+        for r in sched.reap():
+            touched[r.rid] = r.out
+        return list(touched.values())
+
+    def _decode(self, reqs) -> None:
+        sched = self.sched
+        logits = self.runner.decode([r.pending for r in reqs], [r.seq_len for r in reqs], [r.pages for r in reqs],
+                                    [r.working_slot for r in reqs])
+        for b, r in enumerate(reqs):
+            if sched.on_tokens_committed(r, r.seq_len + 1):
+                self.runner.copy_state(r.working_slot, sched.record_track(r, r.seq_len))
+            sched.append_token(r, sample(logits[b], r.req.sampling.temperature, r.generator), logits[b])
+
+    def generate(self, reqs: list[GenerateRequest]) -> list[GenerateOutput]:
+        """Run requests to completion (continuous batching among them); outputs in input order."""
+        outs = {}
+        for q in reqs:
+            self.submit(q)
+        while self.has_work:
+            for o in self.step():
+                if o.finished:
+                    outs[o.rid] = copy.deepcopy(o)
+        return [outs[q.rid] for q in reqs]
+
+    # --- cache and stats ----------------------------------------------------
+    def flush_cache(self) -> bool:
+        return self.sched.flush()
+
+    def pool_usage(self) -> dict:
+        kv, st = self.runner.caches.kv, self.runner.caches.state
+        radix = self.sched.radix
+        return {
+            "kv_pages_used": kv.used_pages, "kv_pages_total": kv.num_pages,
+            "state_slots_used": st.used_slots, "state_slots_total": st.num_slots,
+            "radix_pages": radix.cached_pages if radix else 0,
+            "radix_checkpoints": radix.cached_checkpoints if radix else 0,
+        }
+
+    def stats(self) -> dict:
+        c = dict(self.sched.counters)
+        radix = self.sched.radix
+        c.update(self.pool_usage())
+        c["running"] = len(self.sched.running)
+        c["waiting"] = len(self.sched.waiting)
+        c["kv_evicted_pages"] = radix.kv_evictions if radix else 0
+        c["checkpoint_evictions"] = radix.checkpoint_evictions if radix else 0
+        c["avg_accept_length"] = c["generation_tokens"] / c["verify_steps"] if c["verify_steps"] else 0.0
+        return c
+
+    def server_info(self) -> dict:
+        info = self.cfg.to_dict()
+        info.update(
+            model_config=self.model_config.to_dict(), max_context_length=self.max_context,
+            block_size=self.cfg.speculative_num_draft_tokens if self.cfg.speculative else None,
+            avg_accept_length=self.stats()["avg_accept_length"],
+        )
+        return info

@@ -1,0 +1,150 @@
+"""ModelRunner: executes model forwards on one rank's shard. Owns tensors, makes no policy decisions.
+
+Every method takes plain ints/lists (page tables, slots, lengths), so a
+tensor-parallel replica can replay the same call on every rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.cache import KVPool, ModelCaches
+from engine.config import EngineConfig
+from engine.model.batch import ForwardBatch
+from engine.model.config import HybridConfig, preset
+from engine.model.drafter import DFlashDrafter, random_drafter_state_dict
+from engine.model.hybrid import HybridLM, random_state_dict
+from engine.model.weights import WeightsError, load_config, load_full_state_dict, load_state
+from engine.parallel import SINGLE, TPContext
+
+DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "default"
+
+
+def resolve_model(cfg: EngineConfig) -> tuple[HybridConfig, dict, dict | None]:
+    """(architecture, full target weights, full drafter weights or None) for cfg.model_path."""
+    path = cfg.model_path
+    if path == "default":
+        path = str(DEFAULT_WEIGHTS) if (DEFAULT_WEIGHTS / "model.safetensors").exists() else "random"
+    if path == "random":
+        mcfg = preset(cfg.model_preset)
+        return mcfg, random_state_dict(mcfg, cfg.seed), random_drafter_state_dict(mcfg, cfg.seed)
+    d = Path(path)
+    if not d.is_dir():
+        raise WeightsError(f"--model-path {path!r}: not 'default', 'random' or a weights directory")
+    mcfg = load_config(d)
+    drafter = load_state(d, "drafter") if (d / "drafter.safetensors").exists() else None
+    return mcfg, load_state(d), drafter
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, num_pages: int, num_state_slots: int, tp: TPContext = SINGLE):
+        torch.manual_seed(cfg.seed)
+        self.cfg, self.tp = cfg, tp
+        self.device = torch.device(cfg.device)
+        mcfg, full, drafter_full = resolve_model(cfg)
+        self.model_cfg = mcfg
+        self.model = HybridLM(mcfg, tp).to(self.device).eval()
+        load_full_state_dict(self.model, full)
+        self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device)
+        self.drafter = None
+        if cfg.speculative and cfg.drafter_mode == "model":
+            if drafter_full is None:
+                raise WeightsError(f"{cfg.model_path}: no drafter.safetensors, needed for DFLASH")
+            self.drafter = DFlashDrafter(mcfg).to(self.device).eval()
+            load_full_state_dict(self.drafter, drafter_full)
+            # drafter context cache: same page tables as the target's KV, its own tensors
+            self.draft_kv = KVPool(mcfg.drafter_num_layers, num_pages, cfg.page_size, mcfg.num_key_value_heads,
+                                   mcfg.head_dim, device=self.device)
+        self.capture = mcfg.drafter_target_layers if self.drafter is not None else ()
+
+    @property
+    def kv(self) -> KVPool:
+        return self.caches.kv
+
+    # --- addressing ---------------------------------------------------------
+    def _fb(self, starts: list[int], T: int, pages: list[list[int]], slots: list[int], verify: bool) -> ForwardBatch:
+        kv = self.kv
+        B = len(starts)
+        Lk = max(starts) + T
+        positions = torch.tensor([[s + t for t in range(T)] for s in starts])
+        write = torch.stack([kv.slots(p, s, s + T) for p, s in zip(pages, starts, strict=True)])
+        read = torch.zeros(B, Lk, dtype=torch.long)
+        for b, (p, s) in enumerate(zip(pages, starts, strict=True)):
+            read[b, : s + T] = kv.slots(p, 0, s + T)
+        fb = ForwardBatch(positions=positions.to(self.device), kv_write=write.to(self.device),
+                          kv_read=read.to(self.device), kv_lens=torch.tensor([s + T for s in starts]).to(self.device),
+                          state_slots=torch.tensor(slots, dtype=torch.long).to(self.device),
+                          capture_layers=self.capture)
+        if verify:
+            st = self.caches.state
+            fb.rec_inter = torch.empty(st.rec.shape[0], B, T, *st.rec.shape[2:], device=self.device)
+            fb.conv_inter = torch.empty(st.conv.shape[0], B, T, *st.conv.shape[2:], device=self.device)
+        return fb
+
+    # --- forwards -----------------------------------------------------------
+    @torch.no_grad()
+    def extend(self, tokens: list[int], start: int, pages: list[int], slot: int) -> torch.Tensor:
+        """Prefill chunk of one sequence: positions [start, start+T); state advances. Returns last logits [V]."""
+        fb = self._fb([start], len(tokens), [pages], [slot], verify=False)
+        hidden, aux = self.model(torch.tensor([tokens], device=self.device), fb, self.caches)
+        if aux is not None:
+            self._write_draft_ctx(aux, fb)
+        return self.model.logits(hidden[:, -1])[0]
+
+    @torch.no_grad()
+    def decode(self, tokens: list[int], starts: list[int], pages: list[list[int]], slots: list[int]) -> torch.Tensor:
+        """One token per sequence at position starts[b]; states advance. Returns logits [B, V]."""
+        fb = self._fb(starts, 1, pages, slots, verify=False)
+        hidden, aux = self.model(torch.tensor(tokens, device=self.device)[:, None], fb, self.caches)
+        if aux is not None:
+            self._write_draft_ctx(aux, fb)
+        return self.model.logits(hidden[:, 0])
+
+    @torch.no_grad()
+    def verify(self, blocks: list[list[int]], starts: list[int], pages: list[list[int]], slots: list[int]):
+        """Target forward over each block; linear states untouched. Returns (logits [B,T,V], fb with intermediates, aux)."""
+        T = len(blocks[0])
+        fb = self._fb(starts, T, pages, slots, verify=True)
+        hidden, aux = self.model(torch.tensor(blocks, device=self.device), fb, self.caches)
+        return self.model.logits(hidden), fb, aux
+
+    @torch.no_grad()
+    def draft(self, anchors: list[int], starts: list[int], pages: list[list[int]], block_size: int,
+              mask_id: int) -> torch.Tensor:
+        """One drafter forward per block [anchor, MASK x (B-1)]; returns logits [B, block_size, V]."""
+        B = len(anchors)
+        ids = torch.full((B, block_size), mask_id, dtype=torch.long)
+        ids[:, 0] = torch.tensor(anchors)
+        positions = torch.tensor([[s + t for t in range(block_size)] for s in starts])
+        Lc = max(max(starts), 1)
+        read = torch.zeros(B, Lc, dtype=torch.long)
+        for b, (p, s) in enumerate(zip(pages, starts, strict=True)):
+            read[b, :s] = self.kv.slots(p, 0, s)
+        ctx = [(self.draft_kv.k[i][read], self.draft_kv.v[i][read]) for i in range(len(self.drafter.layers))]
+        hidden = self.drafter(self.model.embed, ids.to(self.device), positions.to(self.device), ctx,
+                              torch.tensor(starts))
+        return self.model.logits(hidden)
+
+    def _write_draft_ctx(self, aux: torch.Tensor, fb: ForwardBatch, keep: torch.Tensor | None = None) -> None:
+        """Cache the drafter's context K/V for these positions (keep [B, T] bool: committed ones only)."""
+        kvs = self.drafter.context_kv(aux, fb.positions)
+        sel = fb.kv_write if keep is None else fb.kv_write[keep]
+        for i, (k, v) in enumerate(kvs):
+            if keep is not None:
+                k, v = k[keep], v[keep]
+            self.draft_kv.k[i][sel.reshape(-1)] = k.reshape(-1, *k.shape[-2:])
+            self.draft_kv.v[i][sel.reshape(-1)] = v.reshape(-1, *v.shape[-2:])
+
+    def commit_draft_ctx(self, aux: torch.Tensor, fb: ForwardBatch, commit_lens: list[int]) -> None:
+        """After verify: only the committed block positions enter the drafter's context cache."""
+        if self.drafter is None or aux is None:
+            return
+        T = aux.shape[1]
+        keep = torch.arange(T)[None, :] < torch.tensor(commit_lens)[:, None]
+        self._write_draft_ctx(aux, fb, keep.to(self.device))
+
+    # --- states -------------------------------------------------------------
+    def copy_state(self, src: int, dst: int) -> None:
+        self.caches.state.copy(src, dst)

@@ -1,0 +1,105 @@
+"""DFlash speculative worker: draft a block, verify it in one target forward, commit states.
+
+Per step and request: block = [anchor, d_1 .. d_{B-1}] at positions
+seq_len .. seq_len+B-1. The target runs the block with linear-state updates
+disabled, keeping every intermediate state. The accepted prefix plus a bonus
+token is emitted; `commit_len = accept_len + 1` block tokens become part of
+the sequence. Then (DESIGN.md section 1):
+
+* working state  <- intermediate step commit_len - 1
+* tracking slot  <- intermediate step `mamba_steps_to_track(pre, post, ...)`
+
+Attention KV past the commit needs no rollback in a paged pool: positions
+beyond seq_len are never read and the next block overwrites them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine import kernels
+from engine.model.tokenizer import MASK_ID
+from engine.request import Req
+from engine.sampling import probs
+from engine.spec.accept import greedy_accept_len, rejection_sample
+from engine.spec.scripted import scripted_drafts
+from engine.spec.tracking import mamba_steps_to_track
+
+
+class DFlashWorker:
+    def __init__(self, cfg, runner, scheduler):
+        self.cfg, self.runner, self.sched = cfg, runner, scheduler
+        self.block = cfg.speculative_num_draft_tokens
+        self.fault = cfg.inject_fault
+
+    def _drafts(self, reqs: list[Req]) -> list[list[int]]:
+        if self.cfg.drafter_mode == "scripted":
+            return [scripted_drafts(self.runner, r, self.block, self.cfg.scripted_accept) for r in reqs]
+        logits = self.runner.draft([r.pending for r in reqs], [r.seq_len for r in reqs], [r.pages for r in reqs],
+                                   self.block, MASK_ID)  # [B, block, V]
+        return logits[:, 1:].argmax(-1).tolist()
+
+    def step(self, reqs: list[Req]) -> None:
+        """One draft + verify + commit for every request in the decode batch."""
+        drafts = self._drafts(reqs)
+        blocks = [[r.pending] + d for r, d in zip(reqs, drafts, strict=True)]
+        starts = [r.seq_len for r in reqs]
+        logits, fb, aux = self.runner.verify(blocks, starts, [r.pages for r in reqs], [r.working_slot for r in reqs])
+        commit_lens = []
+        for b, r in enumerate(reqs):
+            commit_lens.append(self._accept(r, drafts[b], logits[b]))
+        self._commit(reqs, fb, starts, commit_lens)
+        self.runner.commit_draft_ctx(aux, fb, commit_lens)
+
+    def _accept(self, r: Req, drafts: list[int], logits: torch.Tensor) -> int:
+        """Emit accepted drafts + bonus (clipped by finish); returns commit_len."""
+        sp = r.req.sampling
+        if sp.temperature == 0:
+            argmax = logits.argmax(-1).tolist()
+            n = greedy_accept_len(drafts, argmax)
+            emitted = drafts[:n] + [argmax[n]]
+        else:
+            emitted = rejection_sample(drafts, probs(logits, sp.temperature), r.generator)
+        count = 0
+        for i, tok in enumerate(emitted):
+            count += 1
+            if self.sched.append_token(r, tok, logits[i]):
+                break
+        return count
+
+    def _commit(self, reqs: list[Req], fb, starts: list[int], commit_lens: list[int]) -> None:
+        pre = torch.tensor(starts, dtype=torch.int32)
+        commit = torch.tensor(commit_lens, dtype=torch.int64)
+        post = pre.to(torch.int64) + commit
+        I = self.cfg.mamba_track_interval
+        tracking = self.sched.tracking
+        if tracking:
+            # #37817: the buggy worker compared against lengths that had not been advanced yet
+            post_seen = pre if self.fault == "stale-seq-lens" else post
+            steps = mamba_steps_to_track(pre, post_seen, commit, I)
+            if self.fault == "track-off-by-one":
+                crossed = pre.long() // I != post // I
+                ith = post // I * I - pre.long()
+                steps = torch.where(crossed & (ith < commit), ith, torch.full_like(ith, -1))
+        else:
+            steps = torch.full((len(reqs),), -1, dtype=torch.int64)
+        track_slots = []
+        for r, p, c in zip(reqs, starts, commit_lens, strict=True):
+            crossed = tracking and p // I != (p + c) // I
+            # scheduler bookkeeping from the real lengths, independent of the copy below
+            track_slots.append(self.sched.record_track(r, (p + c) // I * I) if crossed else r.working_slot)
+        track_slots_t = torch.tensor(track_slots)
+        st = self.runner.caches.state
+        saved_conv = None
+        if self.fault == "conv-not-tracked":
+            saved_conv = st.conv[:, track_slots_t].clone()
+        kernels.state_scatter(st.rec, st.conv, fb.rec_inter, fb.conv_inter,
+                              torch.tensor([r.working_slot for r in reqs]), commit - 1, track_slots_t, steps)
+        if saved_conv is not None:
+            due = steps >= 0
+            st.conv[:, track_slots_t[due]] = saved_conv[:, due]
+        for r, p, c, s in zip(reqs, starts, commit_lens, steps.tolist(), strict=True):
+            r.seq_len = p + c
+            r.out.spec_verify_ct += 1
+            r.out.spec_trace.append((p, c, int(s)))
+            self.sched.counters["verify_steps"] += 1
