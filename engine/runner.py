@@ -104,7 +104,10 @@ class ModelRunner:
 
     @torch.no_grad()
     def verify(self, blocks: list[list[int]], starts: list[int], pages: list[list[int]], slots: list[int]):
-        """Target forward over each block; linear states untouched. Returns (logits [B,T,V], fb with intermediates, aux)."""
+        """Target forward over each block; linear states untouched.
+
+        Returns (logits [B, T, V], the ForwardBatch holding every intermediate state, aux hidden).
+        """
         T = len(blocks[0])
         fb = self._fb(starts, T, pages, slots, verify=True)
         hidden, aux = self.model(torch.tensor(blocks, device=self.device), fb, self.caches)

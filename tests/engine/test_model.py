@@ -52,7 +52,8 @@ def test_whole_sequence_equals_token_by_token():
     whole, _ = OneSeq(m).extend(ids)
     s = OneSeq(m)
     steps = torch.cat([s.extend([t])[0] for t in ids])
-    assert (whole - steps).abs().max().item() <= 1e-4
+    # relative to the logit scale (random logits reach ~50, so fp32 ordering noise is ~1e-4 absolute)
+    assert _rel(steps, whole) <= 1e-4
 
 
 def test_verify_steps_equal_prefill_states_and_input_state_untouched():
