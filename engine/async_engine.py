@@ -75,10 +75,10 @@ class AsyncEngine:
                 self.abort(req.rid)
 
     async def generate(self, req: GenerateRequest) -> GenerateOutput:
-        last = None
-        async for last in self.generate_stream(req):
-            pass
-        return last
+        final = None
+        async for out in self.generate_stream(req):
+            final = out
+        return final
 
     def abort(self, rid: str) -> None:
         self._inbox.put(("abort", rid))
