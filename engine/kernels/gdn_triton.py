@@ -193,7 +193,8 @@ def _conv_window_kernel(
         tl.store(y + (i_b.to(tl.int64) * T + t) * C + offs_c, out.to(y.dtype.element_ty), mask=mask_c)
         if VERIFY:
             win = _gather_frame(x_row, p_win, offs_c, mask_c, t + 1 + offs_w, mask_w, C, sp_w, KW)
-            tl.store(p_inter + t * si_t, win.to(inter.dtype.element_ty), mask=mask_c[:, None] & mask_w[None, :])
+            tl.store(p_inter + t * si_t, win.to(inter.dtype.element_ty),
+                     mask=mask_c[:, None] & mask_w[None, :])
     if not VERIFY:
         win = _gather_frame(x_row, p_win, offs_c, mask_c, T + offs_w, mask_w, C, sp_w, KW)
         tl.debug_barrier()  # the new window may come from old window columns another thread reads

@@ -55,8 +55,8 @@ def _state_scatter_kernel(
             _copy_block(rec_inter + i_l * ri_l + b * ri_b + step * ri_t, rec_pool + i_l * rp_l + slot * rp_n,
                         i_blk, rec_numel, BLOCK)
         else:
-            _copy_block(conv_inter + i_l * ci_l + b * ci_b + step * ci_t, conv_pool + i_l * cp_l + slot * cp_n,
-                        i_blk - rec_blocks, conv_numel, BLOCK)
+            _copy_block(conv_inter + i_l * ci_l + b * ci_b + step * ci_t,
+                        conv_pool + i_l * cp_l + slot * cp_n, i_blk - rec_blocks, conv_numel, BLOCK)
 
 
 def _entry_is_contiguous(t: torch.Tensor, lead: int) -> bool:
@@ -78,12 +78,12 @@ def state_scatter_triton(
 ) -> None:
     """For every layer: pool[working] <- inter[commit_step]; pool[track] <- inter[track_step] where >= 0."""
     L, B = rec_inter.shape[:2]
-    assert rec_pool.shape[0] == L and conv_pool.shape[0] == L and conv_inter.shape[:2] == (L, B), "layer/batch"
-    assert rec_pool.shape[2:] == rec_inter.shape[3:], f"{tuple(rec_pool.shape)} vs {tuple(rec_inter.shape)}"
-    assert conv_pool.shape[2:] == conv_inter.shape[3:], f"{tuple(conv_pool.shape)} vs {tuple(conv_inter.shape)}"
+    assert rec_pool.shape[0] == conv_pool.shape[0] == L and conv_inter.shape[:2] == (L, B), "layers/batch"
+    assert rec_pool.shape[2:] == rec_inter.shape[3:], f"{rec_pool.shape} vs {rec_inter.shape}"
+    assert conv_pool.shape[2:] == conv_inter.shape[3:], f"{conv_pool.shape} vs {conv_inter.shape}"
     assert rec_inter.shape[2] == conv_inter.shape[2], "rec and conv intermediates have different block sizes"
     for idx in (working_slots, commit_steps, track_slots, track_steps):
-        assert idx.shape == (B,) and not idx.is_floating_point(), f"index tensor {tuple(idx.shape)} for batch {B}"
+        assert idx.shape == (B,) and not idx.is_floating_point(), f"index tensor {idx.shape} for batch {B}"
     # An entry (one state or one window) is copied as a flat run of elements.
     assert _entry_is_contiguous(rec_pool, 2) and _entry_is_contiguous(rec_inter, 3), "recurrent entries"
     assert _entry_is_contiguous(conv_pool, 2) and _entry_is_contiguous(conv_inter, 3), "conv entries"
