@@ -28,13 +28,21 @@ class GateThresholds:
 
     @classmethod
     def from_mapping(cls, mapping: dict | None, **overrides) -> GateThresholds:
-        """Thresholds from a config's `gate` object (unknown keys ignored), then non-None overrides."""
-        known = {f.name: f.type for f in fields(cls)}
+        """Thresholds from a mapping (unknown keys ignored), then the non-None `overrides`."""
+        known = {f.name for f in fields(cls)}
         values = {}
-        for name, value in {**(mapping or {}), **overrides}.items():
+        given = {k: v for k, v in overrides.items() if v is not None}
+        for name, value in {**(mapping or {}), **given}.items():
             if name in known and value is not None:
                 values[name] = float(value) if name in ("max_soft_rate", "margin_threshold") else int(value)
         return cls(**values)
+
+    @classmethod
+    def from_config(cls, config: dict | None, **overrides) -> GateThresholds:
+        """Thresholds from a run's config.json: top-level keys (harness RunConfig), then its `gate` object."""
+        config = config or {}
+        gate = config.get("gate") if isinstance(config.get("gate"), dict) else {}
+        return cls.from_mapping({**config, **gate}, **overrides)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,237 @@
+"""The workload driver: concurrency sweeps over candidate pools, checked against the reference pool.
+
+For each candidate pool and each concurrency level C (a sweep point): flush the
+pool's caches, then run every session of the pool with C sessions (so at most C
+requests) in flight. All turns of a session go to one replica (its cache lives
+there) and turn n+1 is built from turn n's candidate output. Every candidate
+input is also sent once to the reference pool; identical inputs share one
+reference request for the whole run. Records are written as answers arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from functools import partial
+
+import aiohttp
+from tqdm import tqdm
+
+from harness import client
+from harness.cluster import Pool, Replica
+from harness.records import build_record, candidate_key, reference_key, turn_input
+from harness.rundir import REFERENCE_FILE, RecordFiles, candidate_file, input_hash
+
+
+class Progress:
+    """Counters of the run so far, shown as a live tqdm bar (or per-sweep-point lines only)."""
+
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self.enabled = enabled
+        self.errors = self.mismatches = self.retries = self.references = 0
+        self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="req", desc="candidates",
+                        dynamic_ncols=True)
+
+    def _refresh(self) -> None:
+        self.bar.set_postfix(errors=self.errors, mismatches=self.mismatches, retries=self.retries,
+                             refs=self.references, refresh=False)
+
+    def candidate(self, record: dict) -> None:
+        self.errors += record["error"] is not None
+        self.bar.update(1)
+        self._refresh()
+
+    def reference(self, record: dict) -> None:
+        self.references += 1
+        self._refresh()
+
+    def retry(self) -> None:
+        self.retries += 1
+        self._refresh()
+
+    def mismatch(self) -> None:
+        self.mismatches += 1
+        self._refresh()
+
+    def write(self, line: str) -> None:
+        if self.enabled:
+            tqdm.write(line)
+        else:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def differs(candidate: dict, reference: dict) -> bool:
+    """The live mismatch test: both answered and the output ids differ (the analyzer classifies later)."""
+    return (candidate["error"] is None and reference["error"] is None
+            and candidate["output_ids"] != reference["output_ids"])
+
+
+class Driver:
+    """Runs every sweep point of a plan and writes the records (see module doc)."""
+
+    def __init__(self, *, run_id: str, concurrency: tuple[int, ...], candidates: list[Pool], reference: Pool,
+                 files: RecordFiles, http: aiohttp.ClientSession, progress: Progress,
+                 existing: dict[str, dict] | None = None, existing_refs: dict[str, dict] | None = None,
+                 request_timeout: float = 600.0, max_retries: int = 3, reference_concurrency: int = 8,
+                 sequential_pools: bool = False, api_key: str | None = None,
+                 tokenizers: dict[str, str] | None = None) -> None:
+        self.run_id, self.concurrency = run_id, concurrency
+        self.candidates, self.reference = candidates, reference
+        self.files, self.http, self.progress = files, http, progress
+        self.existing = dict(existing or {})
+        self.existing_refs = dict(existing_refs or {})
+        self.request_timeout, self.max_retries = request_timeout, max_retries
+        self.reference_concurrency = reference_concurrency
+        self.sequential_pools, self.api_key = sequential_pools, api_key
+        self.tokenizers = tokenizers or {}
+        self.ref_futures: dict[str, asyncio.Future] = {}
+        self.sent = 0  # candidate requests sent by this process
+
+    async def run(self, sessions: dict[str, tuple]) -> None:
+        """Every sweep point of every pool; returns when all candidate and reference records are written."""
+        loop = asyncio.get_running_loop()
+        self.ref_sem = asyncio.Semaphore(self.reference_concurrency)
+        for h, rec in self.existing_refs.items():
+            fut = loop.create_future()
+            fut.set_result(rec)
+            self.ref_futures[h] = fut
+        for rec in self.existing.values():
+            ref = self.existing_refs.get(rec["input_hash"])
+            if ref is not None and differs(rec, ref):
+                self.progress.mismatch()
+
+        async def run_pool(pool: Pool) -> None:
+            for c in self.concurrency:
+                await self.sweep_point(pool, c, sessions[pool.name])
+
+        if self.sequential_pools:
+            for pool in self.candidates:
+                await run_pool(pool)
+        else:
+            await asyncio.gather(*(run_pool(p) for p in self.candidates))
+        await asyncio.gather(*self.ref_futures.values())
+
+    async def sweep_point(self, pool: Pool, concurrency: int, sessions: tuple) -> None:
+        """Flush the pool's caches, then run its unfinished sessions with `concurrency` in flight."""
+        todo = [(i, s) for i, s in enumerate(sessions)
+                if any(candidate_key(pool.name, concurrency, s.session_id, n) not in self.existing
+                       for n in range(len(s.turns)))]
+        if not todo:
+            return
+        await pool.flush(self.http)
+        t0 = time.perf_counter()
+        sent0, errors0 = self.sent, self.progress.errors
+        queue: Iterator = iter(todo)
+
+        async def worker() -> None:
+            for index, session in queue:
+                await self.run_session(pool, concurrency, index, session)
+
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(todo)))))
+        self.progress.write(f"{pool.name} c={concurrency}: {self.sent - sent0} requests in "
+                            f"{time.perf_counter() - t0:.1f}s, {self.progress.errors - errors0} errors")
+
+    async def run_session(self, pool: Pool, concurrency: int, index: int, session) -> None:
+        """All turns of one session, in order, on the session's replica; skips turns already recorded."""
+        prev_input = prev_output = None
+        failed: int | None = None
+        for n, turn in enumerate(session.turns):
+            key = candidate_key(pool.name, concurrency, session.session_id, n)
+            rec = self.existing.get(key)
+            if rec is None:
+                if failed is None:
+                    ids = turn_input(session, n, prev_input, prev_output)
+                    rec = await self.candidate(pool, concurrency, index, session, n, ids, key)
+                else:
+                    rec = self._record(pool, None, concurrency, session, n, [], turn.max_new_tokens, None,
+                                       time.time(), 0, f"not run: turn {failed} of the session failed", key)
+                    self._write_candidate(pool, rec)
+            if rec["error"] is not None and failed is None:
+                failed = n
+            prev_input, prev_output = rec["input_ids"], rec["output_ids"]
+
+    async def candidate(self, pool: Pool, concurrency: int, index: int, session, turn: int, ids: list[int],
+                        key: str) -> dict:
+        """Send one candidate request (and start its reference), record the answer."""
+        h = input_hash(ids)
+        max_new = session.turns[turn].max_new_tokens
+        ref = self.reference_for(ids, h, max_new, session, turn)
+        payload = client.generate_payload("", ids, max_new, stream=True)
+        t_start = time.time()
+        self.sent += 1
+        replica, gen, retries, error = await self.send(pool, index, payload, key)
+        rec = self._record(pool, replica, concurrency, session, turn, ids, max_new, gen, t_start, retries, error,
+                           key, h)
+        self._write_candidate(pool, rec)
+        ref.add_done_callback(partial(self._compare, rec))
+        return rec
+
+    def _write_candidate(self, pool: Pool, rec: dict) -> None:
+        self.files.write(candidate_file(pool.name), rec)
+        self.progress.candidate(rec)
+
+    def _compare(self, rec: dict, fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None and differs(rec, fut.result()):
+            self.progress.mismatch()
+
+    def reference_for(self, ids: list[int], h: str, max_new: int, session, turn: int) -> asyncio.Future:
+        """The reference answer for `ids`: one request per distinct input for the whole run."""
+        fut = self.ref_futures.get(h)
+        if fut is None:
+            fut = asyncio.ensure_future(self._serve_reference(ids, h, max_new, session, turn))
+            self.ref_futures[h] = fut
+        return fut
+
+    async def _serve_reference(self, ids: list[int], h: str, max_new: int, session, turn: int) -> dict:
+        key = reference_key(h)
+        async with self.ref_sem:
+            payload = client.generate_payload("", ids, max_new, stream=False)
+            t_start = time.time()
+            replica, gen, retries, error = await self.send(self.reference, int(h[:8], 16), payload, key)
+        rec = self._record(self.reference, replica, None, session, turn, ids, max_new, gen, t_start, retries,
+                           error, key, h)
+        self.files.write(REFERENCE_FILE, rec)
+        self.progress.reference(rec)
+        return rec
+
+    async def send(self, pool: Pool, preferred: int, payload: dict, key: str
+                   ) -> tuple[Replica | None, client.Generation | None, int, str | None]:
+        """POST to the preferred healthy replica, re-sending after replica failures.
+
+        Returns (replica, answer or None, retries, error or None).
+        """
+        retries = 0
+        last = ""
+        while True:
+            replica = await pool.acquire(preferred)
+            if replica is None:
+                return None, None, retries, f"no healthy replica left in pool {pool.name} ({last})"
+            payload["rid"] = f"{self.run_id}:{key}" + (f"#retry{retries}" if retries else "")
+            url = replica.url
+            try:
+                gen = await client.generate(self.http, url, payload, self.request_timeout, self.api_key)
+            except client.ReplicaFailure as e:
+                last = f"{replica.replica_id}: {e}"
+                pool.mark_failed(replica, url, self.http)
+                if retries >= self.max_retries:
+                    return replica, None, retries, f"replica failure after {retries} retries: {last}"
+                retries += 1
+                self.progress.retry()
+                continue
+            except client.RequestError as e:
+                return replica, None, retries, str(e)
+            return replica, gen, retries, f"abort: {gen.abort_message}" if gen.abort_message else None
+
+    def _record(self, pool: Pool, replica: Replica | None, concurrency: int | None, session, turn: int,
+                ids: list[int], max_new: int, gen, t_start: float, retries: int, error: str | None, key: str,
+                h: str | None = None) -> dict:
+        return build_record(
+            run_id=self.run_id, key=key, role=pool.role, pool=pool.name, engine=pool.engine_record(replica),
+            concurrency=concurrency, replica_id=replica.replica_id if replica else "",
+            node_id=replica.node_id if replica else None, session=session, turn=turn, input_ids=ids,
+            input_hash=h or input_hash(ids), max_new_tokens=max_new, gen=gen, t_start=t_start, retries=retries,
+            error=error, tokenizer=self.tokenizers.get(pool.name, "byte"))

@@ -1,0 +1,188 @@
+"""The run plan: which pools exist, what their servers run, which sessions each pool serves.
+
+Pure functions of the RunConfig and the workload (plus, for external endpoints,
+their /server_info), so `--dry-run` prints exactly what a run would do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.config import RunConfig
+
+REFERENCE_POOL = "reference"
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What one pool's servers run. `record()` is the records' `engine` object."""
+
+    interval: int | None
+    block_size: int | None
+    strategy: str | None
+    tp: int
+    fault: str | None
+    speculative: bool
+    radix_cache: bool
+
+    def record(self, endpoint: str | None = None) -> dict:
+        return {"interval": self.interval, "block_size": self.block_size, "strategy": self.strategy,
+                "tp": self.tp, "fault": self.fault, "speculative": self.speculative,
+                "radix_cache": self.radix_cache, "endpoint": endpoint}
+
+
+def candidate_engine(cfg: RunConfig, interval: int) -> EngineSpec:
+    """A candidate pool: DFlash with the radix cache's extra_buffer checkpoints every `interval` tokens."""
+    return EngineSpec(interval, cfg.block_size, "extra_buffer", cfg.tp_size, cfg.inject_fault, True, True)
+
+
+def reference_engine(cfg: RunConfig) -> EngineSpec:
+    """The cold path: no speculation, no radix cache, never a fault (it is the oracle)."""
+    return EngineSpec(None, None, None, cfg.tp_size, None, False, False)
+
+
+def server_args(cfg: RunConfig, engine: EngineSpec) -> list[str]:
+    """`engine.serve` flags for a pool (host and port are added per replica)."""
+    args = ["--model-path", cfg.model_path, "--tp-size", str(cfg.tp_size)]
+    if cfg.model_preset:
+        args += ["--model-preset", cfg.model_preset]
+    if cfg.page_size:
+        args += ["--page-size", str(cfg.page_size)]
+    if engine.speculative:
+        args += ["--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", str(engine.block_size),
+                 "--mamba-radix-cache-strategy", engine.strategy, "--mamba-track-interval", str(engine.interval)]
+    else:
+        # the interval is unused without a radix cache, but must still satisfy the engine's page check
+        args += ["--speculative-algorithm", "NONE", "--disable-radix-cache",
+                 "--mamba-track-interval", str(cfg.intervals[0])]
+    if engine.fault:
+        args += ["--inject-fault", engine.fault]
+    if cfg.api_key:
+        args += ["--api-key", cfg.api_key]
+    return args
+
+
+def engine_from_server_info(info: dict, url: str) -> EngineSpec:
+    """The EngineSpec an external server reports in /server_info (SGLang's server-args names)."""
+    algo = str(info.get("speculative_algorithm") or "NONE").upper()
+    speculative = algo not in ("NONE", "")
+    interval = info.get("mamba_track_interval")
+    radix = not info.get("disable_radix_cache", False)
+    return EngineSpec(
+        interval=int(interval) if interval is not None else None,
+        block_size=int(info["speculative_num_draft_tokens"])
+        if speculative and info.get("speculative_num_draft_tokens") else None,
+        strategy=info.get("mamba_radix_cache_strategy") if radix else None,
+        tp=int(info.get("tp_size") or 1),
+        fault=info.get("inject_fault"),
+        speculative=speculative,
+        radix_cache=radix,
+    )
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """One pool: its name (`i128`, ..., `reference`), engine, replicas and the sessions it serves."""
+
+    name: str
+    role: str  # candidate | reference
+    engine: EngineSpec
+    replicas: int
+    sessions: tuple = ()  # workloads Session objects (candidates only)
+    endpoints: tuple[str, ...] = ()  # external servers; empty for built-in replicas
+
+    @property
+    def requests_per_point(self) -> int:
+        return sum(len(s.turns) for s in self.sessions)
+
+
+@dataclass(frozen=True)
+class Plan:
+    candidates: tuple[PoolPlan, ...]
+    reference: PoolPlan
+    concurrency: tuple[int, ...]
+    skipped_sessions: int  # sessions whose interval has no pool
+
+    @property
+    def total_candidate_requests(self) -> int:
+        return sum(p.requests_per_point for p in self.candidates) * len(self.concurrency)
+
+    def describe(self, cfg: RunConfig) -> str:
+        """The human-readable plan `--dry-run` prints."""
+        lines = [f"suite {cfg.suite}: {sum(len(p.sessions) for p in self.candidates)} session runs per sweep "
+                 f"point over {len(self.candidates)} candidate pool(s)"
+                 + (f"; {self.skipped_sessions} session(s) target an interval with no pool" if
+                    self.skipped_sessions else "")]
+        where = "external endpoints" if cfg.external else (
+            f"Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one placement group per "
+            f"replica: {cfg.tp_size} bundle(s) of {{'CPU': 1}}, strategy {cfg.placement}, replicas spread "
+            "over nodes")
+        lines.append(f"placement: {where}")
+        for p in (*self.candidates, self.reference):
+            e = p.engine
+            what = (f"DFLASH B={e.block_size}, radix {e.strategy}, interval {e.interval}"
+                    if e.speculative else "cold path: no speculation, no radix cache")
+            if e.fault:
+                what += f", fault {e.fault}"
+            lines.append(f"pool {p.name}: {p.replicas} replica(s), tp {e.tp}, {what}")
+            if p.endpoints:
+                lines.append("  endpoints: " + ", ".join(p.endpoints))
+            if not cfg.external:
+                lines.append("  server: " + " ".join(server_args(cfg, e)).replace(cfg.api_key or "\0", "***"))
+        for p in self.candidates:
+            lines.append(f"pool {p.name}: {len(p.sessions)} sessions, {p.requests_per_point} requests per "
+                         f"sweep point, concurrency {','.join(map(str, self.concurrency))}")
+        n = self.total_candidate_requests
+        lines.append(f"total: {n} candidate requests; reference requests <= {n} (identical inputs served once)")
+        return "\n".join(lines)
+
+
+def sessions_for(sessions: list, interval: int) -> tuple:
+    """The sessions a pool of `interval` serves: those targeting it and those targeting any interval."""
+    return tuple(s for s in sessions if s.interval is None or s.interval == interval)
+
+
+def skipped(sessions: list, intervals: set[int]) -> int:
+    return sum(1 for s in sessions if s.interval is not None and s.interval not in intervals)
+
+
+def builtin_plan(cfg: RunConfig, sessions: list) -> Plan:
+    """Pools of built-in replicas: one candidate pool per interval and one reference pool."""
+    cands = tuple(PoolPlan(f"i{i}", "candidate", candidate_engine(cfg, i), cfg.replicas, sessions_for(sessions, i))
+                  for i in cfg.intervals)
+    ref = PoolPlan(REFERENCE_POOL, "reference", reference_engine(cfg), cfg.reference_replicas)
+    return Plan(cands, ref, cfg.concurrency, skipped(sessions, set(cfg.intervals)))
+
+
+def external_plan(cfg: RunConfig, sessions: list, infos: dict[str, dict]) -> Plan:
+    """Pools of external servers, grouped by the interval each reports; `infos` maps URL -> /server_info.
+
+    Raises ValueError naming the endpoint when its settings do not fit its role.
+    """
+    by_interval: dict[int, list[tuple[str, EngineSpec]]] = {}
+    for url in cfg.endpoint:
+        e = engine_from_server_info(infos[url], url)
+        if e.interval is None:
+            raise ValueError(f"endpoint {url}: /server_info has no mamba_track_interval; specgate needs a "
+                             "hybrid model served with a mamba radix cache")
+        if not e.speculative or not e.radix_cache:
+            raise ValueError(f"endpoint {url}: a candidate must run speculative decoding with the radix cache "
+                             f"(speculative_algorithm={infos[url].get('speculative_algorithm')}, "
+                             f"disable_radix_cache={infos[url].get('disable_radix_cache')})")
+        by_interval.setdefault(e.interval, []).append((url, e))
+    cands = []
+    for interval, members in sorted(by_interval.items()):
+        blocks = {e.block_size for _, e in members}
+        if len(blocks) > 1:
+            raise ValueError(f"endpoints with interval {interval} disagree on the block size: {sorted(blocks)}")
+        urls = tuple(u for u, _ in members)
+        cands.append(PoolPlan(f"i{interval}", "candidate", members[0][1], len(urls),
+                              sessions_for(sessions, interval), urls))
+    ref_infos = [engine_from_server_info(infos[u], u) for u in cfg.reference_endpoint]
+    for url, e in zip(cfg.reference_endpoint, ref_infos, strict=True):
+        if e.speculative or e.radix_cache:
+            raise ValueError(f"reference endpoint {url}: the oracle must run without speculation and with "
+                             "--disable-radix-cache")
+    ref = PoolPlan(REFERENCE_POOL, "reference", ref_infos[0], len(cfg.reference_endpoint),
+                   endpoints=cfg.reference_endpoint)
+    return Plan(tuple(cands), ref, cfg.concurrency, skipped(sessions, set(by_interval)))

@@ -1,0 +1,161 @@
+"""One engine replica: a Ray actor that runs the SGLang-compatible server as a subprocess on its node.
+
+The actor starts the server on a free port, waits for /health and reports
+`(url, node_id)`. A watchdog thread exits the actor process when the server
+dies, so Ray (max_restarts=-1) restarts the actor, which starts a new server:
+restart policy stays Ray's. The server is started through a tiny launcher that
+sets PR_SET_PDEATHSIG, so it dies with its actor instead of leaking.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# exec the real command with PR_SET_PDEATHSIG=SIGKILL: the server dies with the thread that started it
+_LAUNCHER = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "os.getppid() == int(sys.argv[1]) or sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+LOG_TAIL_BYTES = 3000
+
+
+def free_port(host: str) -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def resolve_command(command: tuple[str, ...] | list[str] | None) -> list[str]:
+    """The server command on this node: default `python -m engine.serve`; a leading `python` is this
+    interpreter (the node's project environment)."""
+    cmd = list(command) if command else ["python", "-m", "engine.serve"]
+    if cmd[0] in ("python", "python3"):
+        cmd[0] = sys.executable
+    return cmd
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def log_tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
+
+
+class ReplicaServer:
+    """Actor body (wrapped with ray.remote by harness.cluster): owns one server subprocess."""
+
+    def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
+                 startup_timeout: float, log_dir: str) -> None:
+        import ray
+
+        ctx = ray.get_runtime_context()
+        self.replica_id = replica_id
+        self.node_id = ctx.get_node_id()
+        self.host = ray.util.get_node_ip_address()
+        self.restarts = int(getattr(ctx, "was_current_actor_reconstructed", False))
+        self._stopping = False
+        self._serving = False
+        self._proc: subprocess.Popen | None = None
+        self.workdir = workdir if workdir and os.path.isdir(workdir) else None
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        last_error = ""
+        for attempt in range(3):  # a port can be taken between free_port() and the server's bind
+            self.port = free_port(self.host)
+            self.url = f"http://{self.host}:{self.port}"
+            self.log_path = Path(log_dir) / f"{replica_id}-{os.getpid()}-{attempt}.log"
+            cmd = resolve_command(command) + list(args) + ["--host", self.host, "--port", str(self.port)]
+            self._start(cmd)
+            last_error = self._wait_healthy(startup_timeout)
+            if not last_error:
+                self._serving = True
+                return
+            self._terminate()
+        raise RuntimeError(f"replica {replica_id}: server did not become healthy: {last_error}")
+
+    def _start(self, cmd: list[str]) -> None:
+        """Start the server from a watchdog thread that outlives it (PDEATHSIG follows the forking thread)."""
+        started = threading.Event()
+        failure: list[BaseException] = []
+        env = dict(os.environ)
+        if self.workdir:
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.workdir, env.get("PYTHONPATH")]))
+
+        def watchdog() -> None:
+            launch = cmd
+            if sys.platform.startswith("linux"):
+                launch = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *cmd]
+            try:
+                with open(self.log_path, "ab") as log:
+                    self._proc = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT,
+                                                  stdin=subprocess.DEVNULL, cwd=self.workdir, env=env)
+            except BaseException as e:  # noqa: BLE001 - reported to the starting thread
+                failure.append(e)
+                return
+            finally:
+                started.set()
+            code = self._proc.wait()
+            if self._serving and not self._stopping:
+                sys.stderr.write(f"[specgate] replica {self.replica_id}: server exited with {code}; "
+                                 "exiting the actor so that Ray restarts it\n")
+                sys.stderr.flush()
+                os._exit(1)
+
+        threading.Thread(target=watchdog, name=f"watchdog-{self.replica_id}", daemon=True).start()
+        started.wait()
+        if failure:
+            raise RuntimeError(f"replica {self.replica_id}: cannot start {cmd[0]}: {failure[0]}")
+
+    def _wait_healthy(self, timeout: float) -> str:
+        """'' once /health answers 200; else why not (server exited, or the timeout)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code = self._proc.poll()
+            if code is not None:
+                return f"exited with status {code}; log {self.log_path}:\n{log_tail(self.log_path)}"
+            if http_ok(f"{self.url}/health"):
+                return ""
+            time.sleep(0.1)
+        return f"no healthy /health within {timeout:g}s; log {self.log_path}:\n{log_tail(self.log_path)}"
+
+    def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def info(self) -> dict:
+        """Where this replica serves; raises if its server is gone (the actor is about to restart)."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise RuntimeError(f"replica {self.replica_id}: server is not running")
+        return {"replica_id": self.replica_id, "url": self.url, "node_id": self.node_id,
+                "pid": self._proc.pid, "restarted": bool(self.restarts), "log": str(self.log_path)}
+
+    def stop(self) -> None:
+        """Stop the server for good (the watchdog then leaves the actor alive, to be killed)."""
+        self._stopping = True
+        self._terminate()

@@ -1,0 +1,210 @@
+"""`python -m harness.run`: start pools, drive the workload, write records, report and gate.
+
+Exit status: 0 the gate passed, 1 the gate failed, 2 the harness itself failed
+(bad config, no cluster, a replica or endpoint unusable, no records), 130 interrupted
+(finish the run with `--resume RUN_DIR`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from harness import client
+from harness.cluster import HarnessError, Pool, RayPools, external_pools
+from harness.config import ConfigError, RunConfig, for_resume, from_argv
+from harness.driver import Driver, Progress
+from harness.plan import Plan, builtin_plan, external_plan
+from harness.rundir import RecordFiles, create_run_dir, new_run_id, read_run_records, update_latest, write_json
+
+EXIT_PASS, EXIT_GATE, EXIT_HARNESS, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def load_sessions(cfg: RunConfig) -> list:
+    """The workload's sessions, through the workloads package API."""
+    from workloads import load_suite
+
+    kwargs = {"num_requests": cfg.num_requests} if cfg.num_requests else {}
+    return list(load_suite(cfg.suite, **kwargs))
+
+
+def gate_thresholds(cfg: RunConfig) -> dict:
+    return {"max_hard": cfg.max_hard, "max_errors": cfg.max_errors, "max_soft_rate": cfg.max_soft_rate,
+            "margin_threshold": cfg.margin_threshold}
+
+
+async def fetch_infos(urls: tuple[str, ...], api_key: str | None, generate_probe: bool) -> dict[str, dict]:
+    """/server_info of each URL; with `generate_probe`, also the logprob capability probe."""
+    async with aiohttp.ClientSession() as http:
+        if generate_probe:
+            infos = await asyncio.gather(*(client.probe(http, u, api_key) for u in urls))
+        else:
+            infos = await asyncio.gather(*(client.server_info(http, u, api_key) for u in urls))
+    return dict(zip(urls, infos, strict=True))
+
+
+def make_plan(cfg: RunConfig, sessions: list, probe: bool) -> tuple[Plan, dict[str, dict]]:
+    """The run plan; for external endpoints this contacts them (probe: also one logprob request)."""
+    if not cfg.external:
+        return builtin_plan(cfg, sessions), {}
+    urls = cfg.endpoint + cfg.reference_endpoint
+    try:
+        infos = asyncio.run(fetch_infos(urls, cfg.api_key, probe))
+    except (client.RequestError, client.ReplicaFailure) as e:
+        raise HarnessError(str(e)) from None
+    try:
+        return external_plan(cfg, sessions, infos), infos
+    except ValueError as e:
+        raise HarnessError(str(e)) from None
+
+
+def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: list[Pool],
+                 resumed: bool) -> None:
+    """config.json: the RunConfig, run id, engine settings per pool, gate thresholds."""
+    path = run_dir / "config.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    doc = {
+        "run_id": run_id,
+        "created": old.get("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
+        "resumed": old.get("resumed", []) + ([time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())] if resumed
+                                             else []),
+        "run_config": cfg.to_json(),
+        "gate": gate_thresholds(cfg),
+        "pools": {p.name: {"role": p.role, "engine": p.engine.record(), "server_info": p.server_info,
+                           "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id}
+                                        for r in p.replicas]} for p in pools},
+        "plan": {"concurrency": list(plan.concurrency), "skipped_sessions": plan.skipped_sessions,
+                 "total_candidate_requests": plan.total_candidate_requests,
+                 "requests_per_point": {p.name: p.requests_per_point for p in plan.candidates}},
+        "host": {"python": platform.python_version(), "platform": platform.platform()},
+    }
+    write_json(path, doc)
+
+
+async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_dir: Path, run_id: str,
+                resumed: bool, infos: dict[str, dict]) -> Progress:
+    """Read each pool's /server_info, write config.json, run the driver; return the final counters."""
+    existing, existing_refs = read_run_records(run_dir)
+    tokenizers = {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        for pool in (*cands, ref):
+            url = pool.replicas[0].url
+            pool.server_info = infos.get(url) or await client.server_info(http, url, cfg.api_key)
+            tokenizers[pool.name] = "byte" if not cfg.external or pool.server_info.get("tokenizer") == "byte" \
+                else "external"
+            reported = pool.server_info.get("mamba_track_interval")
+            if pool.role == "candidate" and reported is not None and int(reported) != pool.engine.interval:
+                raise HarnessError(f"pool {pool.name}: the server reports mamba_track_interval {reported}")
+        write_config(run_dir, cfg, run_id, plan, [*cands, ref], resumed)
+        sessions = {p.name: p.sessions for p in plan.candidates}
+        recorded = sum(1 for k in existing if any(k.startswith(p.name + "-c") for p in plan.candidates))
+        progress = Progress(plan.total_candidate_requests, recorded,
+                            enabled=not cfg.no_progress and sys.stderr.isatty())
+        files = RecordFiles(run_dir, set(existing) | {f"ref/{h}" for h in existing_refs})
+        driver = Driver(run_id=run_id, concurrency=cfg.concurrency, candidates=cands, reference=ref, files=files,
+                        http=http, progress=progress, existing=existing, existing_refs=existing_refs,
+                        request_timeout=cfg.request_timeout, max_retries=cfg.max_retries,
+                        reference_concurrency=cfg.reference_concurrency, sequential_pools=cfg.sequential_pools,
+                        api_key=cfg.api_key, tokenizers=tokenizers)
+        try:
+            await driver.run(sessions)
+        finally:
+            files.close()
+            progress.close()
+    return progress
+
+
+def render(run_dir: Path, cfg: RunConfig) -> int:
+    """Tables, plots, report and the gate's verdict; returns the exit status."""
+    try:
+        from harness.gate import GateThresholds
+        from reports.render import render_run
+    except ImportError as e:
+        print(f"specgate: cannot report ({e}); the records are in {run_dir / 'records'}", file=sys.stderr)
+        return EXIT_HARNESS
+    verdict = render_run(run_dir, GateThresholds(**gate_thresholds(cfg)))
+    print(verdict.headline)
+    print(f"report: {run_dir / 'report.html'}")
+    return verdict.exit_code
+
+
+def resolve(argv: list[str] | None) -> tuple[RunConfig, list]:
+    """Config (merged with a resumed run's saved one) and the workload's sessions."""
+    cfg, explicit = from_argv(argv, os.environ)
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        try:
+            saved = json.loads((run_dir / "config.json").read_text())["run_config"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"--resume {run_dir}: not a run directory with a readable config.json ({e})") from None
+        cfg = for_resume(saved, cfg, explicit, run_dir)
+    from workloads.schema import WorkloadError
+
+    try:
+        sessions = load_sessions(cfg)
+    except (WorkloadError, OSError) as e:
+        raise ConfigError(f"--suite {cfg.suite}: {e}") from None
+    return cfg, sessions
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI entry point; returns the exit status."""
+    try:
+        cfg, sessions = resolve(argv)
+        if cfg.dry_run:
+            plan, _ = make_plan(cfg, sessions, probe=False)
+            print(plan.describe(cfg))
+            return EXIT_PASS
+    except (ConfigError, HarnessError) as e:
+        print(f"specgate: error: {e}", file=sys.stderr)
+        return EXIT_HARNESS
+    run_dir = Path(cfg.resume) if cfg.resume else None
+    try:
+        if run_dir is None:
+            run_dir = create_run_dir(cfg.runs_dir, cfg.run_id or new_run_id())
+        else:
+            update_latest(run_dir)
+        print(f"run directory: {run_dir}")
+        progress = execute(cfg, sessions, run_dir, run_id=run_dir.name)
+    except KeyboardInterrupt:
+        if run_dir is not None:
+            print(f"\ninterrupted; records so far are kept. Finish with: python -m harness.run --resume {run_dir}",
+                  file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (HarnessError, FileExistsError, client.RequestError) as e:
+        print(f"specgate: error: {e}", file=sys.stderr)
+        return EXIT_HARNESS
+    print(f"candidates: {progress.bar.n} recorded, {progress.errors} errors, {progress.mismatches} mismatches "
+          f"(output ids differ from the reference), {progress.retries} retries")
+    if progress.bar.n == 0:
+        print("specgate: error: no candidate records", file=sys.stderr)
+        return EXIT_HARNESS
+    return render(run_dir, cfg)
+
+
+def execute(cfg: RunConfig, sessions: list, run_dir: Path, run_id: str) -> Progress:
+    """Start the pools (Ray replicas or external endpoints), drive, and tear down."""
+    resumed = cfg.resume is not None
+    if cfg.external:
+        plan, infos = make_plan(cfg, sessions, probe=True)
+        cands, ref = external_pools(plan, cfg.api_key, cfg.startup_timeout)
+        return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, infos))
+    plan = builtin_plan(cfg, sessions)
+    pools = RayPools(cfg, plan, run_id)
+    try:
+        pools.connect()
+        cands, ref = pools.start()
+        return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, {}))
+    finally:
+        pools.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

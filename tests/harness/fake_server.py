@@ -1,0 +1,204 @@
+"""A fake SGLang-compatible server for the harness tests: deterministic, instant, no model.
+
+Output token i of a request is `(sum(input_ids) + 7 * i) % 256`, so the same input
+always gives the same output on every replica. A prefix "cache" remembers finished
+sequences: a request sharing a prefix of length L with one gets
+`cached_tokens = L // interval * interval`. `--inject-fault NAME` corrupts the output
+of requests that hit the cache, which is what the harness must detect.
+
+Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
+(append every received rid), `--pid-dir DIR` (write `<role>-i<interval>-<port>.pid`),
+`--top-k-max K` (cap on top logprobs, to fail the capability probe), `--no-spec-trace`,
+`--fail-first N` (answer the first N /generate requests with HTTP 503).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from aiohttp import web
+
+TOP1_LOGPROB = -0.05
+TOP2_GAP = 2.0  # top-1/top-2 margin: far above the 0.5 threshold, so a mismatch is "hard"
+
+
+def fake_tokens(input_ids: list[int], n: int, fault: bool) -> list[int]:
+    """The deterministic continuation of `input_ids`; shifted by one when `fault` is set."""
+    base = sum(input_ids)
+    return [(base + 7 * i + (1 if fault else 0)) % 256 for i in range(n)]
+
+
+def spec_trace(prompt_len: int, n: int, block: int, interval: int) -> list[list[int]]:
+    """Verify steps `[pre_len, commit_len, tracked_step]` committing 1..block tokens in turn."""
+    trace, pre, k = [], prompt_len, 0
+    while pre < prompt_len + n:
+        commit = min(1 + k % block, prompt_len + n - pre)
+        post = pre + commit
+        step = -1
+        if pre // interval != post // interval:
+            ith = max(post // interval * interval - pre - 1, 0)
+            step = ith if ith < commit else -1
+        trace.append([pre, commit, step])
+        pre, k = post, k + 1
+    return trace
+
+
+class FakeServer:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.cache: list[list[int]] = []  # finished sequences (input + output)
+        self.running = 0
+        self.failures_left = args.fail_first
+        self.spec = args.speculative_algorithm == "DFLASH"
+
+    def info(self) -> dict:
+        a = self.args
+        return {
+            "model_path": a.model_path, "tp_size": a.tp_size, "speculative_algorithm": a.speculative_algorithm,
+            "speculative_num_draft_tokens": a.speculative_num_draft_tokens,
+            "mamba_radix_cache_strategy": a.mamba_radix_cache_strategy,
+            "mamba_track_interval": a.mamba_track_interval, "page_size": a.page_size,
+            "disable_radix_cache": a.disable_radix_cache, "inject_fault": a.inject_fault,
+            "tokenizer": "byte", "fake": True,
+        }
+
+    def cached_len(self, ids: list[int]) -> int:
+        if self.args.disable_radix_cache:
+            return 0
+        best = 0
+        for seq in self.cache:
+            n = 0
+            for a, b in zip(seq, ids, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        interval = self.args.mamba_track_interval
+        return min(best, len(ids) - 1) // interval * interval
+
+    def snapshot(self, rid: str, ids: list[int], out: list[int], cached: int, done: bool, n: int) -> dict:
+        k = self.args.top_k_max
+        meta = {
+            "id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out), "cached_tokens": cached,
+            "finish_reason": {"type": "length", "length": n} if done else None, "e2e_latency": 0.0,
+            "output_token_logprobs": [[TOP1_LOGPROB, t, None] for t in out],
+            "output_top_logprobs": [
+                [[TOP1_LOGPROB, t, None], [TOP1_LOGPROB - TOP2_GAP, (t + 1) % 256, None]][:k] for t in out
+            ],
+        }
+        if self.spec:
+            trace = spec_trace(len(ids), len(out), self.args.speculative_num_draft_tokens,
+                               self.args.mamba_track_interval)
+            meta["spec_verify_ct"] = len(trace)
+            meta["spec_accept_length"] = len(out) / len(trace) if trace else 0.0
+            if not self.args.no_spec_trace:
+                meta["spec_trace"] = trace
+        return {"text": bytes(out).decode("latin-1"), "output_ids": list(out), "meta_info": meta}
+
+    def _authorized(self, request: web.Request) -> bool:
+        key = self.args.api_key
+        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        return web.json_response(self.info())
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.running:
+            return web.Response(status=400, text="requests are running")
+        self.cache.clear()
+        return web.Response(text="Cache flushed.")
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return web.json_response({"error": "unauthorized"}, status=401)
+        body = await request.json()
+        ids = body.get("input_ids")
+        if not isinstance(ids, list) or not ids:
+            return web.json_response({"error": "input_ids must be a non-empty list"}, status=400)
+        rid = str(body.get("rid", ""))
+        if self.args.rid_log:
+            with open(self.args.rid_log, "a") as f:
+                f.write(rid + "\n")
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            return web.json_response({"error": "injected failure"}, status=503)
+        n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
+        cached = self.cached_len(ids)
+        out = fake_tokens(ids, n, fault=bool(self.args.inject_fault) and cached > 0)
+        self.running += 1
+        try:
+            if not body.get("stream"):
+                if self.args.token_delay:
+                    await asyncio.sleep(self.args.token_delay * n)
+                self.cache.append(ids + out)
+                return web.json_response(self.snapshot(rid, ids, out, cached, True, n))
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i in range(1, n + 1):
+                if self.args.token_delay:
+                    await asyncio.sleep(self.args.token_delay)
+                chunk = self.snapshot(rid, ids, out[:i], cached, i == n, n)
+                await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            self.cache.append(ids + out)
+            return resp
+        finally:
+            self.running -= 1
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-path", default="default")
+    p.add_argument("--model-preset", default="small")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--speculative-algorithm", default="NONE", choices=["NONE", "DFLASH"])
+    p.add_argument("--speculative-num-draft-tokens", type=int, default=8)
+    p.add_argument("--mamba-radix-cache-strategy", default="extra_buffer")
+    p.add_argument("--mamba-track-interval", type=int, default=256)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--max-running-requests", type=int, default=16)
+    p.add_argument("--inject-fault", default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--token-delay", type=float, default=0.0)
+    p.add_argument("--rid-log", default=None)
+    p.add_argument("--pid-dir", default=None)
+    p.add_argument("--top-k-max", type=int, default=2)
+    p.add_argument("--no-spec-trace", action="store_true")
+    p.add_argument("--fail-first", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def make_app(args: argparse.Namespace) -> web.Application:
+    server = FakeServer(args)
+    app = web.Application()
+    app.router.add_get("/health", server.health)
+    app.router.add_get("/server_info", server.server_info)
+    app.router.add_post("/flush_cache", server.flush_cache)
+    app.router.add_post("/generate", server.generate)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.pid_dir:
+        role = "candidate" if args.speculative_algorithm == "DFLASH" else "reference"
+        name = f"{role}-i{args.mamba_track_interval}-{args.port}.pid"
+        Path(args.pid_dir, name).write_text(str(os.getpid()))
+    web.run_app(make_app(args), host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

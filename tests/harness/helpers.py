@@ -1,0 +1,90 @@
+"""Shared helpers for the harness tests: tiny workloads, in-process fake servers, record readers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from aiohttp import web
+
+from harness.cluster import Pool, Replica
+from harness.plan import EngineSpec
+from tests.harness.fake_server import make_app, parse_args
+from workloads.schema import Session, Turn, dumps_jsonl
+
+FAKE_SERVER = (sys.executable, "-m", "tests.harness.fake_server")
+REPO = Path(__file__).resolve().parents[2]
+SUFFIX = (10, 35, 10)  # "\n#\n"
+
+
+def make_sessions(n: int, turns: int = 2, interval: int | None = None, prompt_len: int = 20, max_new: int = 8,
+                  prefix: str = "s") -> list[Session]:
+    """`n` sessions with distinct printable prompts of `prompt_len` tokens and `turns` turns each."""
+    out = []
+    for k in range(n):
+        prompt = tuple(97 + (k * 7 + j) % 26 for j in range(prompt_len))
+        ts = [Turn(max_new, input_ids=prompt, text=bytes(prompt).decode())]
+        ts += [Turn(max_new, suffix_ids=SUFFIX, suffix_text=bytes(SUFFIX).decode()) for _ in range(turns - 1)]
+        out.append(Session(f"{prefix}{k}", "tiny", interval, "test", "harness test", {"k": k}, tuple(ts)))
+    return out
+
+
+def write_workload(path: Path, sessions: list[Session]) -> Path:
+    path.write_text(dumps_jsonl(sessions))
+    return path
+
+
+def candidate_args(interval: int, *extra: str) -> list[str]:
+    return ["--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "4",
+            "--mamba-track-interval", str(interval), *extra]
+
+
+def reference_args(*extra: str) -> list[str]:
+    return ["--speculative-algorithm", "NONE", "--disable-radix-cache", *extra]
+
+
+@contextlib.asynccontextmanager
+async def fake_servers(*argvs: list[str]):
+    """Start one in-process fake server per argv on free ports; yield their URLs."""
+    runners, urls = [], []
+    try:
+        for argv in argvs:
+            runner = web.AppRunner(make_app(parse_args(argv)), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            host, port = runner.addresses[0][:2]
+            urls.append(f"http://{host}:{port}")
+        yield urls
+    finally:
+        for r in runners:
+            await r.cleanup()
+
+
+def pool(name: str, urls: list[str], engine: EngineSpec, role: str = "candidate", recover: float = 1.0) -> Pool:
+    return Pool(name, role, engine, [Replica(f"{name}-r{i}", u) for i, u in enumerate(urls)], external=True,
+                recover_timeout=recover)
+
+
+def read_lines(run_dir: Path) -> list[dict]:
+    """Every complete record line of a run directory (duplicates kept, to be counted)."""
+    out = []
+    for path in sorted((Path(run_dir) / "records").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def duplicate_keys(records: list[dict]) -> list[str]:
+    return [k for k, n in Counter(r["key"] for r in records).items() if n > 1]
+
+
+def expected_candidate_keys(sessions: list[Session], intervals: tuple[int, ...], concurrency: tuple[int, ...]
+                            ) -> set[str]:
+    return {f"i{i}-c{c}/{s.session_id}/{t}" for i in intervals for c in concurrency for s in sessions
+            if s.interval in (None, i) for t in range(len(s.turns))}

@@ -1,0 +1,178 @@
+"""The driver against in-process fake servers, no Ray: affinity, turn building, dedupe, fail-over, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+
+from harness.config import RunConfig
+from harness.driver import Driver, Progress
+from harness.plan import candidate_engine, reference_engine
+from harness.rundir import RecordFiles, input_hash, read_run_records
+from tests.harness.fake_server import fake_tokens
+from tests.harness.helpers import (
+    SUFFIX,
+    candidate_args,
+    duplicate_keys,
+    expected_candidate_keys,
+    fake_servers,
+    make_sessions,
+    pool,
+    read_lines,
+    reference_args,
+)
+
+INTERVAL = 16
+CFG = RunConfig(intervals=(INTERVAL,), block_size=4)
+
+
+def drive(run_dir: Path, sessions, cand_urls, ref_urls, concurrency=(1, 2), existing=None, existing_refs=None,
+          recover: float = 1.0, **kw) -> Progress:
+    """Run a Driver over external-style pools of the given URLs; return its counters."""
+    async def go() -> Progress:
+        cands = [pool(f"i{INTERVAL}", cand_urls, candidate_engine(CFG, INTERVAL), recover=recover)]
+        ref = pool("reference", ref_urls, reference_engine(CFG), role="reference", recover=recover)
+        progress = Progress(0, 0, enabled=False)
+        files = RecordFiles(run_dir, set(existing or {}) | {f"ref/{h}" for h in existing_refs or {}})
+        async with aiohttp.ClientSession() as http:
+            d = Driver(run_id="t", concurrency=concurrency, candidates=cands, reference=ref, files=files,
+                       http=http, progress=progress, existing=existing, existing_refs=existing_refs,
+                       request_timeout=10, max_retries=2, **kw)
+            await d.run({cands[0].name: tuple(sessions)})
+        files.close()
+        return progress
+
+    return asyncio.run(go())
+
+
+def with_servers(tmp_path: Path, n_cand: int, fn, cand_extra=(), ref_extra=()):
+    """Call fn(cand_urls, ref_urls) with fake servers (rid logs in tmp_path) running."""
+    async def go():
+        argvs = [candidate_args(INTERVAL, "--rid-log", str(tmp_path / f"cand{k}.rids"), *cand_extra)
+                 for k in range(n_cand)]
+        async with fake_servers(*argvs, reference_args("--rid-log", str(tmp_path / "ref.rids"), *ref_extra)) as u:
+            return await asyncio.to_thread(fn, u[:n_cand], u[n_cand:])
+
+    return asyncio.run(go())
+
+
+def test_affinity_turn_building_and_reference_dedupe(tmp_path):
+    sessions = make_sessions(6)
+    run_dir = tmp_path / "run"
+    progress = with_servers(tmp_path, 2, lambda c, r: drive(run_dir, sessions, c, r))
+    recs = read_lines(run_dir)
+    cands = [r for r in recs if r["role"] == "candidate"]
+    refs = [r for r in recs if r["role"] == "reference"]
+    assert not duplicate_keys(recs)
+    assert {r["key"] for r in cands} == expected_candidate_keys(sessions, (INTERVAL,), (1, 2))
+    assert progress.errors == 0 and progress.mismatches == 0 and progress.retries == 0
+    by = {(r["concurrency"], r["session_id"], r["turn"]): r for r in cands}
+    for c in (1, 2):
+        used = set()
+        for s in sessions:
+            t0, t1 = by[(c, s.session_id, 0)], by[(c, s.session_id, 1)]
+            assert t0["replica_id"] == t1["replica_id"]  # the session's cache lives on one replica
+            used.add(t0["replica_id"])
+            assert t0["input_ids"] == list(s.turns[0].input_ids)
+            assert t0["output_ids"] == fake_tokens(t0["input_ids"], 8, False)
+            assert t1["input_ids"] == t0["input_ids"] + t0["output_ids"] + list(SUFFIX)
+            assert t0["cached_tokens"] == 0  # caches were flushed between sweep points
+            assert t1["cached_tokens"] == (20 + 8) // INTERVAL * INTERVAL
+            assert t0["ttft"] is not None and t0["itl"] is not None and t0["e2e"] >= t0["ttft"]
+            assert t0["spec_verify_ct"] and t0["spec_trace"] and t0["engine"]["interval"] == INTERVAL
+        assert used == {f"i{INTERVAL}-r0", f"i{INTERVAL}-r1"}
+    # one reference per distinct input, for the whole run (both sweep points share them)
+    hashes = {r["input_hash"] for r in cands}
+    assert len(hashes) == 12 and sorted(r["input_hash"] for r in refs) == sorted(hashes)
+    assert len((tmp_path / "ref.rids").read_text().splitlines()) == 12
+    for r in refs:
+        assert r["key"] == f"ref/{r['input_hash']}" and r["input_hash"] == input_hash(r["input_ids"])
+        assert r["concurrency"] is None and r["interval"] is None and r["ttft"] is None
+        assert len(r["output_top_logprobs"][0]) == 2 and r["engine"]["radix_cache"] is False
+
+
+def test_fault_shows_as_live_mismatches(tmp_path):
+    sessions = make_sessions(3)
+    progress = with_servers(tmp_path, 1, lambda c, r: drive(tmp_path / "run", sessions, c, r),
+                            cand_extra=("--inject-fault", "stale-seq-lens"))
+    # turn 1 hits the cache on the candidate, which the fault corrupts; turn 0 is clean
+    assert progress.mismatches == 3 * 2 and progress.errors == 0
+
+
+def test_unreachable_replica_is_avoided(tmp_path):
+    sessions = make_sessions(4)
+    dead = "http://127.0.0.1:9"  # discard port: connection refused
+    run_dir = tmp_path / "run"
+    progress = with_servers(tmp_path, 1, lambda c, r: drive(run_dir, sessions, [dead, c[0]], r, recover=0.5))
+    cands = [r for r in read_lines(run_dir) if r["role"] == "candidate"]
+    assert {r["key"] for r in cands} == expected_candidate_keys(sessions, (INTERVAL,), (1, 2))
+    assert all(r["error"] is None and r["replica_id"] == f"i{INTERVAL}-r1" for r in cands)
+    assert progress.errors == 0
+
+
+def test_failed_requests_are_resent_and_counted(tmp_path):
+    sessions = make_sessions(4)
+    run_dir = tmp_path / "run"
+    progress = with_servers(tmp_path, 2, lambda c, r: drive(run_dir, sessions, c, r), cand_extra=("--fail-first", "1"))
+    cands = [r for r in read_lines(run_dir) if r["role"] == "candidate"]
+    assert {r["key"] for r in cands} == expected_candidate_keys(sessions, (INTERVAL,), (1, 2))
+    assert all(r["error"] is None for r in cands) and not duplicate_keys(cands)
+    # each replica fails its first request once; those two requests were re-sent
+    assert progress.retries == 2 and sum(r["retries"] for r in cands) == 2
+    rids = [x for k in range(2) for x in (tmp_path / f"cand{k}.rids").read_text().split()]
+    assert sum("#retry" in x for x in rids) == 2 and len(rids) == 16 + 2
+
+
+def test_pool_without_replicas_records_errors_and_skips_later_turns(tmp_path):
+    sessions = make_sessions(2)
+    run_dir = tmp_path / "run"
+    progress = with_servers(tmp_path, 0, lambda c, r: drive(run_dir, sessions, ["http://127.0.0.1:9"], r,
+                                                             concurrency=(1,), recover=0.3))
+    cands = {r["key"]: r for r in read_lines(run_dir) if r["role"] == "candidate"}
+    assert set(cands) == expected_candidate_keys(sessions, (INTERVAL,), (1,)) and progress.errors == 4
+    assert "no healthy replica" in cands[f"i{INTERVAL}-c1/s0/0"]["error"]
+    assert cands[f"i{INTERVAL}-c1/s0/1"]["error"] == "not run: turn 0 of the session failed"
+
+
+def test_resume_sends_nothing_twice_and_rebuilds_from_recorded_output(tmp_path):
+    sessions = make_sessions(4)
+    full = tmp_path / "full"
+    (tmp_path / "a").mkdir()
+    with_servers(tmp_path / "a", 1, lambda c, r: drive(full, sessions, c, r))
+    full_keys = {r["key"] for r in read_lines(full)}
+    # an interrupted run: a few records survived, one half-written line at the end
+    part = tmp_path / "part"
+    (part / "records").mkdir(parents=True)
+    cand_lines = (full / "records" / f"candidate-i{INTERVAL}.jsonl").read_text().splitlines()
+    kept = [json.loads(x) for x in cand_lines if json.loads(x)["turn"] == 0][:2]
+    kept[0]["output_ids"] = [65, 66, 67]  # the turn-1 input must be built from what was recorded
+    (part / "records" / f"candidate-i{INTERVAL}.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in kept) + cand_lines[5][:40])
+    ref_lines = (full / "records" / "reference.jsonl").read_text().splitlines()
+    (part / "records" / "reference.jsonl").write_text(ref_lines[0] + "\n")
+    existing, existing_refs = read_run_records(part)
+    (tmp_path / "b").mkdir()
+    with_servers(tmp_path / "b", 1, lambda c, r: drive(part, sessions, c, r, existing=existing,
+                                                       existing_refs=existing_refs))
+    recs = read_lines(part)
+    assert not duplicate_keys(recs) and {r["key"] for r in recs} == full_keys | {
+        f"ref/{input_hash([*kept[0]['input_ids'], 65, 66, 67, *SUFFIX])}"}
+    sent = (tmp_path / "b" / "cand0.rids").read_text().split() + (tmp_path / "b" / "ref.rids").read_text().split()
+    sent_keys = [rid.split(":", 1)[1] for rid in sent]
+    assert len(sent_keys) == len(set(sent_keys))
+    assert not set(sent_keys) & ({r["key"] for r in kept} | {json.loads(ref_lines[0])["key"]})
+    turn1 = next(r for r in recs if r["key"] == kept[0]["key"][:-1] + "1")
+    assert turn1["input_ids"] == kept[0]["input_ids"] + [65, 66, 67] + list(SUFFIX)
+
+
+def test_api_key_is_sent(tmp_path):
+    sessions = make_sessions(1, turns=1)
+    ok = with_servers(tmp_path, 1, lambda c, r: drive(tmp_path / "ok", sessions, c, r, concurrency=(1,),
+                                                      api_key="k"), ("--api-key", "k"), ("--api-key", "k"))
+    bad = with_servers(tmp_path, 1, lambda c, r: drive(tmp_path / "bad", sessions, c, r, concurrency=(1,)),
+                       ("--api-key", "k"), ("--api-key", "k"))
+    assert ok.errors == 0 and bad.errors == 1
+    assert "HTTP 401" in next(r for r in read_lines(tmp_path / "bad") if r["role"] == "candidate")["error"]
