@@ -1,4 +1,4 @@
-"""The kernel benchmark's plumbing on CPU: tiny shapes through the interpreted kernels, timed by wall clock."""
+"""The kernel benchmark's plumbing on CPU: tiny shapes through the interpreted kernels, wall-clock timed."""
 
 import torch
 
