@@ -35,7 +35,11 @@ def _empty(ax, message: str) -> None:
 
 
 def _figure(rows: int, cols: int, width: float = 11.0, row_height: float = 3.4):
-    fig = Figure(figsize=(width, row_height * rows + 0.6), dpi=DPI, layout="constrained")
+    height = row_height * rows + 0.6
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    # Fixed margins in inches: a layout engine would triple the drawing time.
+    fig.subplots_adjust(left=0.75 / width, right=1 - 0.3 / width, top=1 - 0.75 / height, bottom=0.6 / height,
+                        hspace=1.1 / (row_height - 1.1), wspace=0.3 if cols > 1 else 0.2)
     axes = fig.subplots(rows, cols, squeeze=False)
     return fig, axes
 
@@ -72,10 +76,10 @@ def mismatch_rate_by_prompt_offset(df: pd.DataFrame, path: Path) -> Path:
         ax.axvline(0, color="#888", linestyle="--", linewidth=1)
         ax.set_ylim(0, 1.12)
         binned = f" (bins of {width})" if width > 1 else ""
-        ax.set_title(f"interval {interval}: {len(g)} requests")
+        ax.set_title(f"interval {interval}: {len(g)} requests", loc="left")
         ax.set_xlabel(f"prompt length - nearest multiple of {interval} (tokens){binned}")
         ax.set_ylabel("share of requests")
-        ax.legend(loc="upper right")
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False, fontsize=9)
         if not (by["hard"].any() or by["soft"].any()):
             ax.text(0.5, 0.6, "no hard or soft mismatches", ha="center", transform=ax.transAxes, color="#2e7d32",
                     fontsize=12)

@@ -29,7 +29,7 @@ class NoRecordsError(RuntimeError):
 def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) -> Verdict:
     """Write requests/boundaries/configs.csv, plots/*.png, report.html, summary.md and junit.xml; return the verdict.
 
-    Thresholds default to config.json's `gate` object, then to GateThresholds().
+    Thresholds default to config.json's (top-level keys, then its `gate` object), then to GateThresholds().
     """
     run_dir = Path(run_dir)
     config = load_config(run_dir)
@@ -37,7 +37,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) ->
     if not run.candidates:
         raise NoRecordsError(f"{run_dir} has no candidate records (looked in {run_dir / 'records'}/*.jsonl)")
     if thresholds is None:
-        thresholds = GateThresholds.from_mapping(config.get("gate"))
+        thresholds = GateThresholds.from_config(config)
     config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
 
     df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold)
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-hard", type=int, help="largest passing number of hard mismatches")
     parser.add_argument("--max-errors", type=int, help="largest passing number of request errors")
     args = parser.parse_args(argv)
-    thresholds = GateThresholds.from_mapping(
-        load_config(args.run_dir).get("gate"), margin_threshold=args.margin_threshold,
+    thresholds = GateThresholds.from_config(
+        load_config(args.run_dir), margin_threshold=args.margin_threshold,
         max_soft_rate=args.max_soft_rate, max_hard=args.max_hard, max_errors=args.max_errors)
     try:
         verdict = render_run(args.run_dir, thresholds)

@@ -1,0 +1,126 @@
+"""The rendered run: python -m reports.render exit codes, junit.xml, report.html, summary.md, plots."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports.analyze import analyze, empty_frame
+from reports.plots import PLOT_FILES, write_plots
+from reports.tables import boundaries_table, configs_table
+from tests.reports.factory import candidate, pair, prompt, synthetic_run, write_run
+
+ROOT = Path(__file__).resolve().parents[2]
+XSS = "<script>alert(1)</script>"
+
+
+def render_cli(run_dir: Path, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reports.render", str(run_dir), *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def fault_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """#37817 modelled: 4 hard (one per sweep point), 4 soft, plus one failed request with a hostile message."""
+    run_dir = synthetic_run(tmp_path_factory.mktemp("fault"), fault=True, soft_sessions=1)
+    write_run(run_dir, [candidate(prompt(40), [], pool="i256", session_id="broken", error=f"HTTP 500 {XSS}")])
+    return run_dir, render_cli(run_dir)
+
+
+def test_cli_fails_the_gate_with_exit_1(fault_run):
+    run_dir, proc = fault_run
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "FAIL: 4 hard mismatches (4/33 requests), 1 error, 4 soft (12.1%)"
+    assert lines[-1] == f"report: {run_dir / 'report.html'}"
+    for name in ("requests.csv", "boundaries.csv", "configs.csv", "report.html", "summary.md", "junit.xml"):
+        assert (run_dir / name).is_file(), name
+    assert sorted(p.name for p in (run_dir / "plots").iterdir()) == sorted(PLOT_FILES.values())
+
+
+def test_cli_passes_with_exit_0_and_threshold_flags(tmp_path):
+    run_dir = synthetic_run(tmp_path / "clean", fault=False, intervals=(256,), concurrencies=(1,), soft_sessions=1)
+    proc = render_cli(run_dir, "--max-soft-rate", "0.2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "PASS: 0 hard mismatches (0/8 requests), 0 errors, 1 soft (12.5%)"
+
+
+def test_cli_exits_2_without_records(tmp_path):
+    (tmp_path / "records").mkdir()
+    proc = render_cli(tmp_path)
+    assert proc.returncode == 2
+    assert "no candidate records" in proc.stderr
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_boundaries_show_the_restored_verify_signature(fault_run):
+    run_dir, _ = fault_run
+    b = pd.read_csv(run_dir / "boundaries.csv")
+    rv = b[b["boundary_kind"] == "restored_verify"]
+    # turn 0 prompt I-3, prefill's token makes it I-2, verify commits 3: boundary I is step 1 of commit 3
+    assert rv[["interval", "offset", "commit_len", "requests", "hard", "untracked"]].values.tolist() == [
+        [128, 1, 3, 2, 2, 2], [256, 1, 3, 2, 2, 2]]
+    req = pd.read_csv(run_dir / "requests.csv")
+    hard = req[req["class"] == "hard"]
+    assert set(hard["key"]) == set(req[req["restored_verify_crossed"]]["key"])
+
+
+def test_junit_has_one_testcase_per_session_and_sweep_point(fault_run):
+    run_dir, _ = fault_run
+    root = ET.parse(run_dir / "junit.xml").getroot()
+    cases = root.findall(".//testcase")
+    assert len(cases) == 17  # 4 sweep points x 4 sessions + the failed request's session
+    assert (root.get("tests"), root.get("failures")) == ("17", "5")
+    suites = {s.get("name"): (s.get("tests"), s.get("failures")) for s in root.findall("testsuite")}
+    assert suites == {"i128.c1": ("4", "1"), "i128.c4": ("4", "1"), "i256.c1": ("5", "2"), "i256.c4": ("4", "1")}
+    failed = {(c.get("classname"), c.get("name")): c.find("failure") for c in cases if c.find("failure") is not None}
+    assert set(failed) == {("i128.c1", "frozen-i128-0"), ("i128.c4", "frozen-i128-0"), ("i256.c1", "frozen-i256-0"),
+                           ("i256.c4", "frozen-i256-0"), ("i256.c1", "broken")}
+    hard = failed[("i256.c1", "frozen-i256-0")]
+    assert hard.get("type") == "hard"
+    assert "output index 0" in hard.get("message") and "restored checkpoint at 256" in hard.get("message")
+    assert "verify step 1 of commit 3 (NOT tracked)" in hard.get("message")
+    assert failed[("i256.c1", "broken")].get("type") == "error"
+    soft = [c for c in cases if c.get("name") == "frozen-i256-3" and c.get("classname") == "i256.c1"][0]
+    assert soft.find("failure") is None
+    assert "soft flip (not a failure)" in soft.find("system-out").text
+
+
+def test_html_is_self_contained_verdict_first_and_escaped(fault_run):
+    run_dir, _ = fault_run
+    page = (run_dir / "report.html").read_text()
+    assert 'src="http' not in page and "<link" not in page and "<script" not in page
+    assert page.count('src="data:image/png;base64,') == len(PLOT_FILES)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    verdict = page.index('class="word">FAIL<')
+    assert verdict < page.index("Per-boundary results") < page.index("<h2>Plots") < page.index("Worst cases")
+    first_hard, first_soft = page.index('class="case hard"'), page.index('class="case soft"')
+    assert first_hard < first_soft < page.index('class="case error"')
+    assert 'class="first">200<' in page  # the candidate's first divergent token id is highlighted
+
+
+def test_summary_has_the_verdict(fault_run):
+    run_dir, _ = fault_run
+    text = (run_dir / "summary.md").read_text()
+    assert text.splitlines()[2] == "**FAIL: 4 hard mismatches (4/33 requests), 1 error, 4 soft (12.1%)**"
+    assert "of which hard: 4" in text
+
+
+def test_plots_render_with_zero_mismatches_and_no_spec_data(tmp_path):
+    records = []
+    for s in range(3):
+        records += pair(prompt(250 + s, s), [65 + s] * 6, session_id=f"s{s}", accept=None, ttft=None, itl=None,
+                        e2e=None, spec_verify_ct=None)
+    cands = [r for r in records if r["role"] == "candidate"]
+    df = analyze(cands, {r["input_hash"]: r for r in records if r["role"] == "reference"})
+    assert set(df["class"]) == {"exact"} and df["spec_accept_length"].isna().all()
+    paths = write_plots(df, boundaries_table(df), configs_table(df), tmp_path / "plots")
+    assert all(p.stat().st_size > 1000 for p in paths.values())
+    empty = empty_frame()
+    paths = write_plots(empty, boundaries_table(empty), configs_table(empty), tmp_path / "empty")
+    assert sorted(p.name for p in paths.values()) == sorted(PLOT_FILES.values())
