@@ -168,7 +168,7 @@ class RayPools:
 
         from harness.replica import ReplicaServer
 
-        actor_cls = ray.remote(ReplicaServer).options(max_restarts=-1, max_task_retries=0, num_cpus=1)
+        actor_cls = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=1)(ReplicaServer)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1)
         log_dir = os.path.join(tempfile.gettempdir(), "specgate", self.run_id)
         specs = []
@@ -192,7 +192,7 @@ class RayPools:
                                f"{ray.cluster_resources().get('CPU', 0):g}") from None
         for _, rid, args, pg in specs:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
-            actor = actor_cls.options(scheduling_strategy=strategy, name=None).remote(
+            actor = actor_cls.options(scheduling_strategy=strategy).remote(
                 rid, args, self.cfg.server_command, os.getcwd(), self.cfg.startup_timeout, log_dir)
             self.actors.append(actor)
         try:

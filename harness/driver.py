@@ -29,6 +29,7 @@ class Progress:
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self.enabled = enabled
+        self.done = initial  # candidate records, including those of an earlier (resumed) process
         self.errors = self.mismatches = self.retries = self.references = 0
         self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="req", desc="candidates",
                         dynamic_ncols=True)
@@ -38,6 +39,7 @@ class Progress:
                              refs=self.references, refresh=False)
 
     def candidate(self, record: dict) -> None:
+        self.done += 1
         self.errors += record["error"] is not None
         self.bar.update(1)
         self._refresh()
@@ -89,7 +91,8 @@ class Driver:
         self.sequential_pools, self.api_key = sequential_pools, api_key
         self.tokenizers = tokenizers or {}
         self.ref_futures: dict[str, asyncio.Future] = {}
-        self.sent = 0  # candidate requests sent by this process
+        self.sent: dict[str, int] = {}  # pool -> candidate requests sent by this process
+        self.failed: dict[str, int] = {}  # pool -> candidate records with an error
 
     async def run(self, sessions: dict[str, tuple]) -> None:
         """Every sweep point of every pool; returns when all candidate and reference records are written."""
@@ -124,7 +127,7 @@ class Driver:
             return
         await pool.flush(self.http)
         t0 = time.perf_counter()
-        sent0, errors0 = self.sent, self.progress.errors
+        sent0, errors0 = self.sent.get(pool.name, 0), self.failed.get(pool.name, 0)
         queue: Iterator = iter(todo)
 
         async def worker() -> None:
@@ -132,8 +135,8 @@ class Driver:
                 await self.run_session(pool, concurrency, index, session)
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(todo)))))
-        self.progress.write(f"{pool.name} c={concurrency}: {self.sent - sent0} requests in "
-                            f"{time.perf_counter() - t0:.1f}s, {self.progress.errors - errors0} errors")
+        self.progress.write(f"{pool.name} c={concurrency}: {self.sent.get(pool.name, 0) - sent0} requests in "
+                            f"{time.perf_counter() - t0:.1f}s, {self.failed.get(pool.name, 0) - errors0} errors")
 
     async def run_session(self, pool: Pool, concurrency: int, index: int, session) -> None:
         """All turns of one session, in order, on the session's replica; skips turns already recorded."""
@@ -162,7 +165,7 @@ class Driver:
         ref = self.reference_for(ids, h, max_new, session, turn)
         payload = client.generate_payload("", ids, max_new, stream=True)
         t_start = time.time()
-        self.sent += 1
+        self.sent[pool.name] = self.sent.get(pool.name, 0) + 1
         replica, gen, retries, error = await self.send(pool, index, payload, key)
         rec = self._record(pool, replica, concurrency, session, turn, ids, max_new, gen, t_start, retries, error,
                            key, h)
@@ -172,6 +175,7 @@ class Driver:
 
     def _write_candidate(self, pool: Pool, rec: dict) -> None:
         self.files.write(candidate_file(pool.name), rec)
+        self.failed[pool.name] = self.failed.get(pool.name, 0) + (rec["error"] is not None)
         self.progress.candidate(rec)
 
     def _compare(self, rec: dict, fut: asyncio.Future) -> None:

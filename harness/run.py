@@ -13,6 +13,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import aiohttp
@@ -181,9 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     except (HarnessError, FileExistsError, client.RequestError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS
-    print(f"candidates: {progress.bar.n} recorded, {progress.errors} errors, {progress.mismatches} mismatches "
+    except Exception:  # noqa: BLE001 - a harness bug must not look like a gate verdict
+        traceback.print_exc()
+        print(f"specgate: error: the harness failed; records so far are in {run_dir}", file=sys.stderr)
+        return EXIT_HARNESS
+    print(f"candidates: {progress.done} recorded, {progress.errors} errors, {progress.mismatches} mismatches "
           f"(output ids differ from the reference), {progress.retries} retries")
-    if progress.bar.n == 0:
+    if progress.done == 0:
         print("specgate: error: no candidate records", file=sys.stderr)
         return EXIT_HARNESS
     return render(run_dir, cfg)

@@ -88,3 +88,25 @@ def expected_candidate_keys(sessions: list[Session], intervals: tuple[int, ...],
                             ) -> set[str]:
     return {f"i{i}-c{c}/{s.session_id}/{t}" for i in intervals for c in concurrency for s in sessions
             if s.interval in (None, i) for t in range(len(s.turns))}
+
+
+def run_args(tmp: Path, sessions, *extra: str, intervals: str = "16,32", replicas: int = 2,
+             token_delay: float = 0.0) -> list[str]:
+    workload = write_workload(tmp / "tiny.jsonl", sessions)
+    server = (f"{sys.executable} -m tests.harness.fake_server --rid-log {tmp}/rids.log --pid-dir {tmp}/pids "
+              f"--token-delay {token_delay}")
+    return ["--suite", str(workload), "--intervals", intervals, "--block-size", "4", "--concurrency", "1,2",
+            "--replicas", str(replicas), "--runs-dir", str(tmp / "runs"), "--server-command", server,
+            "--no-progress", "--startup-timeout", "60", "--request-timeout", "30", *extra]
+
+
+def check_complete(run_dir: Path, sessions, intervals=(16, 32)) -> list[dict]:
+    """Every session turn answered exactly once per sweep point; one reference per distinct input."""
+    recs = read_lines(run_dir)
+    assert not duplicate_keys(recs)
+    cands = [r for r in recs if r["role"] == "candidate"]
+    refs = [r for r in recs if r["role"] == "reference"]
+    assert {r["key"] for r in cands} == expected_candidate_keys(sessions, intervals, (1, 2))
+    assert all(r["error"] is None for r in recs)
+    assert sorted(r["input_hash"] for r in refs) == sorted({r["input_hash"] for r in cands})
+    return cands
