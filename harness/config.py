@@ -91,6 +91,44 @@ _KINDS = {
 }
 assert set(_KINDS) == {f.name for f in fields(RunConfig)}
 
+_HELP = {
+    "suite": "workload: frozen, load, or a JSONL file (workloads/README.md)",
+    "num_requests": "requests of the load suite",
+    "intervals": "mamba track intervals; one candidate pool each",
+    "concurrency": "sweep points: requests in flight per pool",
+    "replicas": "replicas per candidate pool",
+    "reference_replicas": "replicas of the reference (cold-path) pool",
+    "tp_size": "tensor-parallel ranks per replica",
+    "block_size": "DFlash block size B (--speculative-num-draft-tokens)",
+    "model_path": "default (bundled weights), random, or a weights directory",
+    "model_preset": "architecture for --model-path random (tiny, small)",
+    "inject_fault": "a named fault (engine/faults.py) for the candidate pools",
+    "page_size": "KV page size of the replicas (engine default if unset)",
+    "address": "Ray cluster address (else RAY_ADDRESS, else auto on a `ray up` node, else a local Ray)",
+    "num_cpus": "logical CPUs of a local Ray",
+    "placement": "placement-group strategy of a replica's bundles (one per TP rank)",
+    "runs_dir": "where run directories go",
+    "run_id": "name of the run directory (default: UTC time + random suffix)",
+    "resume": "finish the interrupted run in RUN_DIR",
+    "endpoint": "an already-running candidate server (repeatable); no Ray replicas then",
+    "reference_endpoint": "an already-running cold-path server (repeatable)",
+    "api_key": "sent as 'Authorization: Bearer KEY' (and given to built-in replicas)",
+    "request_timeout": "seconds per request",
+    "startup_timeout": "seconds for a replica to become healthy, also after a restart",
+    "max_retries": "re-sends of a request after replica failures",
+    "reference_concurrency": "reference requests in flight",
+    "sequential_pools": "run the interval pools one after another (default: together)",
+    "server_command": "replica server command (default: 'python -m engine.serve'; a leading python is the "
+                      "replica's interpreter)",
+    "margin_threshold": "gate: top-1/top-2 log-prob margin below which a flip is soft",
+    "max_soft_rate": "gate: largest allowed fraction of soft flips",
+    "max_hard": "gate: largest allowed number of hard mismatches",
+    "max_errors": "gate: largest allowed number of failed requests",
+    "dry_run": "print the plan and exit",
+    "no_progress": "no live progress bar",
+}
+assert set(_HELP) == set(_KINDS)
+
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -106,13 +144,17 @@ def _convert(name: str, value: object, source: str) -> object:
                 raise TypeError("expected true or false")
             return value
         if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, (int, str)):
+            if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().lstrip(
+                    "+-").isdigit():
                 raise TypeError("expected an integer")
             return int(value)
         if kind == "float":
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise TypeError("expected a number")
-            return float(value)
+            try:
+                return float(value)
+            except ValueError:
+                raise TypeError("expected a number") from None
         if kind == "str":
             if not isinstance(value, str):
                 raise TypeError("expected a string")
@@ -185,7 +227,7 @@ def validate(c: RunConfig) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The CLI; every option defaults to 'not given' so a config file can supply it."""
     p = argparse.ArgumentParser(
-        prog="python -m harness.run", argument_default=argparse.SUPPRESS,
+        prog="python -m harness.run", argument_default=argparse.SUPPRESS, allow_abbrev=False,
         description="Run specgate: candidate pools (DFlash + radix cache) against the cold-path reference, "
                     "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error.")
     p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the settings below "
@@ -193,7 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     d = RunConfig.__dataclass_fields__
     for name, kind in _KINDS.items():
         default = d[name].default
-        help_text = f"(default: {default})" if default not in (None, (), False) else None
+        if isinstance(default, tuple):
+            default = ",".join(map(str, default))
+        help_text = _HELP[name] + (f" (default: {default})" if default not in (None, "", False) else "")
         if kind == "bool":
             p.add_argument(flag(name), action="store_const", const=True, help=help_text)
         elif kind == "strs":
