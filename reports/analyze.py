@@ -223,7 +223,9 @@ def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]
     That is the #37817 signature: the checkpoint was saved (or not) by the verify
     tracking path, then restored by the next turn.
     """
-    index = {(r["pool"], r["concurrency"], r["session_id"], r["turn"]): i for i, r in enumerate(rows)}
+    index: dict[tuple, int] = {}
+    for i, r in enumerate(rows):
+        index.setdefault((r["pool"], r["concurrency"], r["session_id"], r["turn"]), i)
     for row in rows:
         turn, cached = row["turn"], row["cached_tokens"]
         if not isinstance(turn, int) or turn <= 0 or cached <= 0:
