@@ -1,0 +1,156 @@
+"""Driver overhead: requests/s and client CPU per request against a server that answers instantly.
+
+The server streams canned SGLang answers (cumulative snapshots with logprobs and
+top-2) without any model. By default it runs in a child process, so that
+`time.process_time()` counts only the driver; `--in-process` serves from the
+driver's own event loop (then the CPU figure includes the server).
+
+    python benchmarks/driver_bench.py --requests 2000 --concurrency 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from harness.cluster import Pool, Replica
+from harness.config import RunConfig
+from harness.driver import Driver, Progress
+from harness.plan import candidate_engine, reference_engine
+from harness.rundir import RecordFiles
+from workloads.schema import Session, Turn
+
+
+def canned(n: int, stream: bool) -> list[bytes] | bytes:
+    """SGLang answers for n output tokens: every cumulative stream chunk, or the one JSON body."""
+    def snap(k: int) -> dict:
+        out = [(7 * i) % 256 for i in range(k)]
+        return {"text": "x" * k, "output_ids": out, "meta_info": {
+            "id": "bench", "prompt_tokens": 0, "completion_tokens": k, "cached_tokens": 0,
+            "finish_reason": {"type": "length", "length": n} if k == n else None,
+            "output_token_logprobs": [[-0.1, t, None] for t in out],
+            "output_top_logprobs": [[[-0.1, t, None], [-2.0, t + 1, None]] for t in out],
+            "spec_verify_ct": max(1, k // 3), "spec_accept_length": 3.0}}
+    if not stream:
+        return json.dumps(snap(n)).encode()
+    return [b"data: " + json.dumps(snap(k)).encode() + b"\n\n" for k in range(1, n + 1)] + [b"data: [DONE]\n\n"]
+
+
+def make_app() -> web.Application:
+    cache: dict[tuple[int, bool], object] = {}
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        n, stream = int(body["sampling_params"]["max_new_tokens"]), bool(body.get("stream"))
+        answer = cache.get((n, stream)) or cache.setdefault((n, stream), canned(n, stream))
+        if not stream:
+            return web.Response(body=answer, content_type="application/json")
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in answer:
+            await resp.write(chunk)
+        return resp
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/flush_cache", ok)
+    app.router.add_get("/health", ok)
+    return app
+
+
+def serve_forever(port: int) -> None:
+    web.run_app(make_app(), host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def sessions(requests: int, prompt_len: int, max_new: int) -> list[Session]:
+    """requests/2 two-turn sessions with distinct prompts (so every reference input is distinct too)."""
+    out = []
+    for k in range((requests + 1) // 2):
+        prompt = tuple((k * 31 + j) % 256 for j in range(prompt_len))
+        out.append(Session(f"b{k}", "bench", None, "bench", "", {},
+                           (Turn(max_new, input_ids=prompt), Turn(max_new, suffix_ids=(10, 10)))))
+    return out
+
+
+async def bench(url: str | None, args: argparse.Namespace) -> tuple[int, float, float]:
+    runner = None
+    if url is None:  # serve from this loop
+        runner = web.AppRunner(make_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    cfg = RunConfig(intervals=(256,))
+    work = sessions(args.requests, args.prompt_len, args.max_new_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        cand = Pool("i256", "candidate", candidate_engine(cfg, 256), [Replica("i256-r0", url)], True, 5.0)
+        ref = Pool("reference", "reference", reference_engine(cfg), [Replica("reference-r0", url)], True, 5.0)
+        files = RecordFiles(Path(tmp), set())
+        progress = Progress(0, 0, enabled=False)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            driver = Driver(run_id="bench", concurrency=(args.concurrency,), candidates=[cand], reference=ref,
+                            files=files, http=http, progress=progress,
+                            reference_concurrency=args.concurrency)
+            driver.progress.write = lambda line: None
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            await driver.run({"i256": tuple(work)})
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        files.close()
+    if runner is not None:
+        await runner.cleanup()
+    return progress.done, wall, cpu
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=2000, help="candidate requests (each also has a reference)")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--in-process", action="store_true", help="serve from the driver's process")
+    args = p.parse_args()
+    proc = None
+    url = None
+    if not args.in_process:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = multiprocessing.Process(target=serve_forever, args=(port,), daemon=True)
+        proc.start()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("benchmark server did not start") from None
+                time.sleep(0.05)
+    try:
+        n, wall, cpu = asyncio.run(bench(url, args))
+    finally:
+        if proc is not None:
+            proc.terminate()
+    where = "in-process server (CPU includes it)" if args.in_process else "server in a child process"
+    print(f"driver: {n} candidate requests (+ {n} reference), {args.max_new_tokens} streamed tokens each, "
+          f"concurrency {args.concurrency}, {where}")
+    print(f"requests/s: {n / wall:.0f} candidate ({2 * n / wall:.0f} HTTP requests/s)")
+    print(f"client CPU: {1000 * cpu / n:.2f} ms per candidate request (incl. its reference and records); "
+          f"wall {wall:.2f}s, CPU {cpu:.2f}s")
+
+
+if __name__ == "__main__":
+    main()
