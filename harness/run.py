@@ -130,7 +130,13 @@ def render(run_dir: Path, cfg: RunConfig) -> int:
     except ImportError as e:
         print(f"specgate: cannot report ({e}); the records are in {run_dir / 'records'}", file=sys.stderr)
         return EXIT_HARNESS
-    verdict = render_run(run_dir, GateThresholds(**gate_thresholds(cfg)))
+    try:
+        verdict = render_run(run_dir, GateThresholds(**gate_thresholds(cfg)))
+    except Exception:  # noqa: BLE001 - a report failure must not read as a gate verdict
+        traceback.print_exc()
+        print(f"specgate: error: rendering the report failed; rebuild it with python -m reports.render {run_dir}",
+              file=sys.stderr)
+        return EXIT_HARNESS
     print(verdict.headline)
     print(f"report: {run_dir / 'report.html'}")
     return verdict.exit_code

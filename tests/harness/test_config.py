@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from harness.cluster import resolve_address
 from harness.config import ConfigError, RunConfig, for_resume, from_argv
 from harness.plan import builtin_plan, external_plan, server_args
 from harness.run import main
@@ -60,6 +61,11 @@ def test_ray_address_from_environment_unless_given():
 def test_bad_flags_give_clear_errors(argv, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         parse(argv)
+
+
+def test_ray_address_resolution():
+    assert resolve_address("10.0.0.1:6379") == "10.0.0.1:6379"
+    assert resolve_address(None) in (None, "auto")  # "auto" only on a node of a running `ray start` cluster
 
 
 def test_bad_toml_keys_and_types(tmp_path):
