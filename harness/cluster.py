@@ -137,6 +137,12 @@ def resolve_address(address: str | None) -> str | None:
     return None
 
 
+def replica_bundles(tp_size: int) -> list[dict]:
+    """Placement-group bundles of one replica: one per TP rank. Bundle 0 hosts the replica actor
+    (rank 0 and the server); rank actors of a tensor-parallel replica go in bundles 1..tp_size-1."""
+    return [{"CPU": 1} for _ in range(tp_size)]
+
+
 class RayPools:
     """Built-in replicas on Ray: connect (or start a local Ray), place, start, and tear down."""
 
@@ -175,8 +181,7 @@ class RayPools:
         for p in (*self.plan.candidates, self.plan.reference):
             args = server_args(self.cfg, p.engine)
             for r in range(p.replicas):
-                # hook for tensor parallelism: one bundle per TP rank, bundle 0 hosts rank 0 and the server
-                bundles = [{"CPU": 1} for _ in range(self.cfg.tp_size)]
+                bundles = replica_bundles(self.cfg.tp_size)
                 kwargs = {}
                 if self.cfg.placement == "STRICT_PACK" and nodes:
                     kwargs["_soft_target_node_id"] = nodes[len(specs) % len(nodes)]  # spread replicas

@@ -179,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             update_latest(run_dir)
         print(f"run directory: {run_dir}")
+        if cfg.intervals and not cfg.external:
+            missing = sorted({s.interval for s in sessions if s.interval is not None} - set(cfg.intervals))
+            if missing:
+                print(f"note: sessions for interval(s) {missing} are skipped (no such pool in --intervals)")
         progress = execute(cfg, sessions, run_dir, run_id=run_dir.name)
     except KeyboardInterrupt:
         if run_dir is not None:
