@@ -234,7 +234,7 @@ class GenerateCall:
 
 
 def parse_sampling(sp: dict, path: str, limits: Limits, default_max_new: int, max_new_key: str = "max_new_tokens",
-                   default_temperature: float = 0.0) -> tuple[SamplingParams, bool, bool]:
+                   default_temperature: float = 1.0) -> tuple[SamplingParams, bool, bool]:
     """(SamplingParams, skip_special_tokens, no_stop_trim) from a sampling dict; `path` prefixes field names."""
     p = f"{path}." if path else ""
     temperature = get_float(sp, "temperature", f"{p}temperature", default_temperature, lo=0.0)
@@ -269,7 +269,8 @@ def parse_generate(body: dict, limits: Limits) -> GenerateCall:
     reject_unknown(sp, SAMPLING_FIELDS, "sampling_params")
     for key, allowed in SAMPLING_NOOPS.items():
         check_default(sp, key, f"sampling_params.{key}", allowed)
-    params, skip_special, no_stop_trim = parse_sampling(sp, "sampling_params", limits, 128)
+    # defaults as SGLang's: 128 new tokens, temperature 1.0 (seeded by --seed unless `seed` is given)
+    params, skip_special, no_stop_trim = parse_sampling(sp, "sampling_params", limits, 128, default_temperature=1.0)
     return_logprob = get_bool(body, "return_logprob", "return_logprob", False)
     top_k = get_int(body, "top_logprobs_num", "top_logprobs_num", 0, lo=0, hi=limits.vocab_size)
     # prompt logprobs are not computed: any start in -1..len(prompt) is accepted, output logprobs only

@@ -63,7 +63,7 @@ def test_logprob_fields_only_when_asked(server):
 
 
 def test_stream_assembles_to_the_plain_answer(server):
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True},
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True, "temperature": 0},
             "return_logprob": True, "top_logprobs_num": 2}
     plain = server.generate(**body)
     r = server.call("POST", "/generate", dict(body, stream=True))
@@ -84,12 +84,13 @@ def test_stream_assembles_to_the_plain_answer(server):
 
 
 def test_stop_string_trims_text(server):
-    first = server.generate(text=PROMPT, sampling_params={"max_new_tokens": 8, "ignore_eos": True})
+    sp = {"max_new_tokens": 8, "ignore_eos": True, "temperature": 0}
+    first = server.generate(text=PROMPT, sampling_params=sp)
     text = first["text"]
     stop = next((ch for ch in text[2:] if ch != "\ufffd"), None)
     if stop is None:
         pytest.skip("no decodable character to stop on")
-    ans = server.generate(text=PROMPT, sampling_params={"max_new_tokens": 8, "ignore_eos": True, "stop": stop})
+    ans = server.generate(text=PROMPT, sampling_params=dict(sp, stop=stop))
     assert ans["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert stop not in ans["text"] and text.startswith(ans["text"])
 
@@ -212,3 +213,14 @@ def test_concurrent_requests(server):
         t.join(60)
     assert sorted(results) == [0, 1, 2, 3]
     assert all(r["meta_info"]["completion_tokens"] == 5 for r in results.values())
+
+
+def test_seeded_sampling_is_reproducible(server):
+    body = {"input_ids": [10, 20, 30], "sampling_params": {"max_new_tokens": 6, "temperature": 0.8, "seed": 7,
+                                                           "ignore_eos": True}}
+    a, b = server.generate(**body), server.generate(**body)
+    assert a["output_ids"] == b["output_ids"]
+    # a temperature below 1e-6 is greedy (as in SGLang) instead of overflowing logits / T
+    tiny = server.generate(input_ids=[10, 20, 30], sampling_params={"max_new_tokens": 3, "temperature": 1e-300})
+    greedy = server.generate(input_ids=[10, 20, 30], sampling_params={"max_new_tokens": 3, "temperature": 0})
+    assert tiny["output_ids"] == greedy["output_ids"]
