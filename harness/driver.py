@@ -11,6 +11,7 @@ reference request for the whole run. Records are written as answers arrive.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -31,8 +32,10 @@ class Progress:
         self.enabled = enabled
         self.done = initial  # candidate records, including those of an earlier (resumed) process
         self.errors = self.mismatches = self.retries = self.references = 0
+        # a pty that reports a 0x0 size would make tqdm hide the bar; shutil falls back to 110x24
+        size = shutil.get_terminal_size((110, 24))
         self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="req", desc="candidates",
-                        dynamic_ncols=True)
+                        ncols=size.columns, nrows=size.lines)
 
     def _refresh(self) -> None:
         self.bar.set_postfix(errors=self.errors, mismatches=self.mismatches, retries=self.retries,
