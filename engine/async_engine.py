@@ -133,8 +133,8 @@ class AsyncEngine:
             if kind == "submit":
                 try:
                     self.engine.submit(arg)
-                except ValueError as e:
-                    self._fail(arg.rid, e)
+                except Exception as e:  # noqa: BLE001 - one bad request must not stop the loop
+                    self._fail(arg.rid, e if isinstance(e, ValueError) else EngineDeadError(repr(e)))
             elif kind == "abort":
                 self.engine.abort(arg)
             elif kind == "call":

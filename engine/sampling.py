@@ -15,9 +15,12 @@ def logprob_info(logits: torch.Tensor, token: int, top_k: int) -> tuple[float, l
     return float(lp[token]), top
 
 
+GREEDY_BELOW = 1e-5  # smaller temperatures overflow softmax(logits / T); they mean greedy anyway
+
+
 def sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     """Greedy at temperature 0 (lowest id on ties), else a seeded draw from softmax(logits / T)."""
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=generator))

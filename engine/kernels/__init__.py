@@ -77,7 +77,7 @@ def conv_pool_forward(
     return y
 
 
-def state_scatter(
+def commit_verified_states(
     rec_pool: torch.Tensor,  # [L, N, H, Dk, Dv]
     conv_pool: torch.Tensor,  # [L, N, C, K-1]
     rec_inter: torch.Tensor,  # [L, B, T, H, Dk, Dv]
@@ -89,9 +89,9 @@ def state_scatter(
 ) -> None:
     """After verification: commit each request's accepted step and, if due, its checkpoint."""
     if use_triton(rec_pool):
-        from engine.kernels import state_scatter as triton_scatter
+        from engine.kernels.state_scatter import state_scatter_triton
 
-        triton_scatter.state_scatter_triton(
+        state_scatter_triton(
             rec_pool, conv_pool, rec_inter, conv_inter, working_slots, commit_steps, track_slots, track_steps
         )
         return
@@ -104,5 +104,5 @@ def state_scatter(
 
 __all__ = [
     "causal_conv1d", "causal_conv1d_verify", "conv_pool_forward", "gdn_chunked", "gdn_pool_forward",
-    "gdn_recurrent", "gdn_verify", "set_force_torch", "state_scatter", "use_triton",
+    "gdn_recurrent", "gdn_verify", "set_force_torch", "commit_verified_states", "use_triton",
 ]

@@ -20,7 +20,7 @@ import torch
 from engine import kernels
 from engine.model.tokenizer import MASK_ID
 from engine.request import Req
-from engine.sampling import probs
+from engine.sampling import GREEDY_BELOW, probs
 from engine.spec.accept import greedy_accept_len, rejection_sample
 from engine.spec.scripted import scripted_drafts
 from engine.spec.tracking import mamba_steps_to_track
@@ -54,7 +54,7 @@ class DFlashWorker:
     def _accept(self, r: Req, drafts: list[int], logits: torch.Tensor) -> int:
         """Emit accepted drafts + bonus (clipped by finish); returns commit_len."""
         sp = r.req.sampling
-        if sp.temperature == 0:
+        if sp.temperature < GREEDY_BELOW:
             argmax = logits.argmax(-1).tolist()
             n = greedy_accept_len(drafts, argmax)
             emitted = drafts[:n] + [argmax[n]]
@@ -93,7 +93,7 @@ class DFlashWorker:
         saved_conv = None
         if self.fault == "conv-not-tracked":
             saved_conv = st.conv[:, track_slots_t].clone()
-        kernels.state_scatter(st.rec, st.conv, fb.rec_inter, fb.conv_inter,
+        kernels.commit_verified_states(st.rec, st.conv, fb.rec_inter, fb.conv_inter,
                               torch.tensor([r.working_slot for r in reqs]), commit - 1, track_slots_t, steps)
         if saved_conv is not None:
             due = steps >= 0

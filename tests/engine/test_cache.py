@@ -36,7 +36,7 @@ def test_eviction_keeps_outputs_identical():
     small = make_engine(mamba_track_interval=64, max_total_tokens=16 * 40, max_running_requests=2,
                         max_state_slots=8)
     cold = make_engine(disable_radix_cache=True)
-    for s in range(6):
+    for s in range(4):
         ids = prompt(200 + s, seed=100 + s)
         o1, ids2, o2 = two_turn(small, ids, 12, 8, f"e{s}")
         assert o2.output_ids == cold.generate([req("c1", ids2, 8)])[0].output_ids
@@ -49,7 +49,8 @@ def test_eviction_keeps_outputs_identical():
 def test_concurrent_equals_sequential():
     reqs = [req(f"r{i}", prompt(60 + 13 * i, seed=i), 20) for i in range(16)]
     together = make_engine(disable_radix_cache=True).generate(reqs)
-    alone = [make_engine(disable_radix_cache=True).generate([r])[0] for r in reqs[:16]]
+    solo = make_engine(disable_radix_cache=True)  # without a cache, one request at a time is independent
+    alone = [solo.generate([r])[0] for r in reqs]
     for a, b in zip(together, alone, strict=True):
         d = first_divergence(a.output_ids, b.output_ids)
         if d is not None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.kernels import conv_pool_forward, gdn_pool_forward, state_scatter
+from engine.kernels import commit_verified_states, conv_pool_forward, gdn_pool_forward
 from engine.kernels.gdn_chunked import gdn_chunked
 from engine.kernels.gdn_naive import causal_conv1d, causal_conv1d_verify, gdn_recurrent, gdn_verify
 
@@ -98,7 +98,7 @@ def test_state_scatter_reference_commits_and_tracks():
     conv_inter = torch.arange(L * B * T, dtype=torch.float).reshape(L, B, T, 1, 1).expand(L, B, T, 3, 2)
     working = torch.tensor([0, 2, 4])
     track = torch.tensor([1, 3, 5])
-    state_scatter(rec, conv, rec_inter.contiguous(), conv_inter.contiguous(), working,
+    commit_verified_states(rec, conv, rec_inter.contiguous(), conv_inter.contiguous(), working,
                   torch.tensor([0, 3, 1]), track, torch.tensor([-1, 2, 0]))
     for layer in range(L):
         for b, (cs, ts) in enumerate([(0, -1), (3, 2), (1, 0)]):

@@ -10,13 +10,4 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import engine.kernels as _kernels  # noqa: E402
-
-# Importing the submodule engine.kernels.state_scatter makes Python set the package
-# attribute `state_scatter` to that module, shadowing the dispatch *function* of the
-# same name that engine code calls as `kernels.state_scatter(...)`. Load it once here
-# and put the function back, so these tests leave the package as production sees it.
-_dispatch_state_scatter = _kernels.state_scatter
-import engine.kernels.state_scatter  # noqa: E402, F401
-
-_kernels.state_scatter = _dispatch_state_scatter
+import engine.kernels.state_scatter  # noqa: E402, F401  (the Triton module; the dispatch is commit_verified_states)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import engine.kernels as kernels
 from engine.kernels import gdn_triton
 
-# the Triton scatter module; `engine.kernels.state_scatter` is the dispatch function (see conftest.py)
+# the Triton scatter module (the dispatch function is kernels.commit_verified_states)
 scatter_triton = sys.modules["engine.kernels.state_scatter"]
 
 
@@ -61,14 +61,11 @@ def test_cuda_tensors_route_to_the_triton_kernels(monkeypatch):
     assert conv.calls == [(t, t, t, t, t)]
 
 
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
-    "dispatch bug: `from engine.kernels import state_scatter` inside kernels.state_scatter() finds the "
-    "package's own function of that name, not the Triton submodule"))
 def test_cuda_state_scatter_routes_to_the_triton_kernel(monkeypatch):
     scatter = _Recorder()
     monkeypatch.setattr(scatter_triton, "state_scatter_triton", scatter)
     t = _cuda_looking()
-    kernels.state_scatter(*[t] * 8)
+    kernels.commit_verified_states(*[t] * 8)
     assert scatter.calls == [(t,) * 8]
 
 
