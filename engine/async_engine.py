@@ -113,6 +113,9 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout)
+        stop_ranks = getattr(self.engine.runner, "shutdown", None)  # tensor-parallel ranks
+        if stop_ranks is not None:
+            stop_ranks()
 
     # --- loop side ----------------------------------------------------------
     def _publish(self, out: GenerateOutput) -> None:
@@ -164,9 +167,16 @@ class AsyncEngine:
                 for out in self.engine.step():
                     self._publish(out)
         except Exception as e:  # noqa: BLE001 - the loop must report, not vanish
-            self.health_error = f"engine loop failed: {e!r}\n{traceback.format_exc()}"
-            with self._lock:
-                streams = list(self._streams.items())
-                self._streams.clear()
-            for _rid, (loop, q) in streams:
-                loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(self.health_error))
+            traceback.print_exc()
+            self.fail(f"engine loop failed: {e}")
+
+    def fail(self, message: str) -> None:
+        """Mark the engine dead (e.g. a tensor-parallel rank died): every in-flight request errors now."""
+        if self.health_error is None:
+            self.health_error = message
+        self._stop = True
+        with self._lock:
+            streams = list(self._streams.items())
+            self._streams.clear()
+        for _rid, (loop, q) in streams:
+            loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(self.health_error))

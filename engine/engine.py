@@ -18,19 +18,28 @@ from engine.scheduler import Scheduler
 from engine.spec.dflash import DFlashWorker
 
 
+def pool_slots(cfg: EngineConfig) -> int:
+    """Linear-state pool size: working + tracking slots per running request, plus cached checkpoints."""
+    tracking = cfg.radix_cache and cfg.mamba_radix_cache_strategy == "extra_buffer"
+    return cfg.max_state_slots or cfg.max_running_requests * (3 if tracking else 1) + (
+        4 * cfg.max_running_requests if cfg.radix_cache else 0)
+
+
+def pool_pages(cfg: EngineConfig) -> int:
+    return math.ceil(cfg.max_total_tokens / cfg.page_size)
+
+
 class Engine:
     """Synchronous engine: `submit` requests, call `step` until idle (or use `generate`)."""
 
-    def __init__(self, cfg: EngineConfig, tp: TPContext = SINGLE):
+    def __init__(self, cfg: EngineConfig, tp: TPContext = SINGLE, runner=None):
+        """`runner`: a prebuilt runner (a tensor-parallel proxy); else a single-rank ModelRunner."""
         cfg.validate()
         torch.set_grad_enabled(False)
         kernels.set_force_torch(cfg.force_torch_kernels)
         self.cfg = cfg
-        num_pages = math.ceil(cfg.max_total_tokens / cfg.page_size)
-        tracking = cfg.radix_cache and cfg.mamba_radix_cache_strategy == "extra_buffer"
-        slots = cfg.max_state_slots or cfg.max_running_requests * (3 if tracking else 1) + (
-            4 * cfg.max_running_requests if cfg.radix_cache else 0)
-        self.runner = ModelRunner(cfg, num_pages, slots, tp)
+        num_pages = pool_pages(cfg)
+        self.runner = runner or ModelRunner(cfg, num_pages, pool_slots(cfg), tp)
         self.model_config = self.runner.model_cfg
         self.max_context = self.model_config.max_position_embeddings
         self.sched = Scheduler(cfg, self.runner, self.max_context)

@@ -7,10 +7,43 @@ their partial sums. The embedding / LM head and all norms are replicated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import pickle
+from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+
+class Group:
+    """One replica's communicator: a gloo process group of its own (no global default group).
+
+    Owning the group (instead of torch.distributed's process-wide default) lets one
+    process hold several replicas, as tests do. On CUDA a NCCL group would take its place.
+    """
+
+    def __init__(self, rank: int, size: int, addr: str, port: int, timeout_s: float):
+        timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(addr, port, size, is_master=rank == 0, timeout=timeout)
+        self.pg = dist.ProcessGroupGloo(self.store, rank, size, timeout)
+        self.rank, self.size = rank, size
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        self.pg.allreduce([x]).wait()
+        return x
+
+    def broadcast_object(self, obj=None):
+        """Rank 0 sends obj (pickled), every other rank receives and returns it."""
+        if self.rank == 0:
+            data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+            n = torch.tensor([data.numel()], dtype=torch.long)
+        else:
+            n = torch.zeros(1, dtype=torch.long)
+        self.pg.broadcast(n, 0).wait()
+        if self.rank != 0:
+            data = torch.empty(int(n), dtype=torch.uint8)
+        self.pg.broadcast(data, 0).wait()
+        return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
 
 
 @dataclass(frozen=True)
@@ -19,6 +52,7 @@ class TPContext:
 
     size: int = 1
     rank: int = 0
+    group: Group | None = field(default=None, compare=False, repr=False)
 
     def shard(self, n: int, what: str) -> int:
         """The local share of `n` (heads, features), which must divide evenly."""
@@ -28,7 +62,7 @@ class TPContext:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            dist.all_reduce(x)
+            self.group.all_reduce(x)
         return x
 
 

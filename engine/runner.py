@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine import kernels
 from engine.cache import KVPool, ModelCaches
 from engine.config import EngineConfig
 from engine.model.batch import ForwardBatch
@@ -49,7 +50,9 @@ class ModelRunner:
         load_full_state_dict(self.model, full)
         self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device)
         self.drafter = None
-        if cfg.speculative and cfg.drafter_mode == "model":
+        self._last_verify = None
+        # the drafter runs on rank 0 only (it is small and reads the replicated hidden states)
+        if cfg.speculative and cfg.drafter_mode == "model" and tp.rank == 0:
             if drafter_full is None:
                 raise WeightsError(f"{cfg.model_path}: no drafter.safetensors, needed for DFLASH")
             self.drafter = DFlashDrafter(mcfg).to(self.device).eval()
@@ -106,12 +109,13 @@ class ModelRunner:
     def verify(self, blocks: list[list[int]], starts: list[int], pages: list[list[int]], slots: list[int]):
         """Target forward over each block; linear states untouched.
 
-        Returns (logits [B, T, V], the ForwardBatch holding every intermediate state, aux hidden).
+        Returns logits [B, T, V]; the intermediate states stay here for `commit_verify`.
         """
         T = len(blocks[0])
         fb = self._fb(starts, T, pages, slots, verify=True)
         hidden, aux = self.model(torch.tensor(blocks, device=self.device), fb, self.caches)
-        return self.model.logits(hidden), fb, aux
+        self._last_verify = (fb, aux)
+        return self.model.logits(hidden)
 
     @torch.no_grad()
     def draft(self, anchors: list[int], starts: list[int], pages: list[list[int]], block_size: int,
@@ -140,14 +144,35 @@ class ModelRunner:
             self.draft_kv.k[i][sel.reshape(-1)] = k.reshape(-1, *k.shape[-2:])
             self.draft_kv.v[i][sel.reshape(-1)] = v.reshape(-1, *v.shape[-2:])
 
-    def commit_draft_ctx(self, aux: torch.Tensor, fb: ForwardBatch, commit_lens: list[int]) -> None:
-        """After verify: only the committed block positions enter the drafter's context cache."""
-        if self.drafter is None or aux is None:
-            return
-        T = aux.shape[1]
-        keep = torch.arange(T)[None, :] < torch.tensor(commit_lens)[:, None]
-        self._write_draft_ctx(aux, fb, keep.to(self.device))
+    def commit_verify(self, working_slots: list[int], commit_lens: list[int], track_slots: list[int],
+                      track_steps: list[int], conv_tracked: bool = True) -> None:
+        """After acceptance: commit the last verify's states and the drafter context.
+
+        working slot <- step commit_len - 1; tracking slot <- step track_steps[b] (-1: none).
+        `conv_tracked=False` is the conv-not-tracked fault: the checkpoint gets the recurrent
+        state but keeps its old conv window.
+        """
+        fb, aux = self._last_verify
+        self._last_verify = None
+        st = self.caches.state
+        dev = self.device
+        track_t = torch.tensor(track_slots, device=dev)
+        steps = torch.tensor(track_steps, dtype=torch.long, device=dev)
+        saved_conv = None if conv_tracked else st.conv[:, track_t].clone()
+        kernels.commit_verified_states(st.rec, st.conv, fb.rec_inter, fb.conv_inter,
+                                       torch.tensor(working_slots, device=dev),
+                                       torch.tensor(commit_lens, device=dev) - 1, track_t, steps)
+        if saved_conv is not None:
+            due = steps >= 0
+            st.conv[:, track_t[due]] = saved_conv[:, due]
+        if self.drafter is not None and aux is not None:
+            # only committed block positions enter the drafter's context cache
+            keep = torch.arange(aux.shape[1])[None, :] < torch.tensor(commit_lens)[:, None]
+            self._write_draft_ctx(aux, fb, keep.to(dev))
 
     # --- states -------------------------------------------------------------
     def copy_state(self, src: int, dst: int) -> None:
         self.caches.state.copy(src, dst)
+
+    def zero_states(self, slots: list[int]) -> None:
+        self.caches.state.zero(slots)

@@ -109,6 +109,7 @@ class Scheduler:
             r.pages = list(match.pages if match else ()) + pages
             r.own_pages_from = cached // self.cfg.page_size
             r.working_slot, r.track_slots = slots[0], slots[1:]
+            self.runner.zero_states(slots)
             r.prefix_node = match.node if match else None
             if cached:
                 self.runner.copy_state(match.checkpoint, r.working_slot)

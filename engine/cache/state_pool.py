@@ -28,14 +28,16 @@ class StatePool:
         return self.num_slots - len(self._free)
 
     def alloc(self, n: int = 1) -> list[int] | None:
-        """n zeroed slots (a fresh sequence starts from the zero state), or None."""
+        """n free slots (bookkeeping only: the runner zeroes them, on every rank), or None."""
         if n > len(self._free):
             return None
-        slots = [self._free.pop() for _ in range(n)]
-        idx = torch.tensor(slots)
+        return [self._free.pop() for _ in range(n)]
+
+    def zero(self, slots: list[int]) -> None:
+        """A fresh sequence starts from the zero state."""
+        idx = torch.tensor(slots, dtype=torch.long)
         self.rec[:, idx] = 0
         self.conv[:, idx] = 0
-        return slots
 
     def free(self, slots: list[int]) -> None:
         if not slots:

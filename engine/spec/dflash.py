@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from engine import kernels
 from engine.model.tokenizer import MASK_ID
 from engine.request import Req
 from engine.sampling import GREEDY_BELOW, probs
@@ -44,12 +43,9 @@ class DFlashWorker:
         drafts = self._drafts(reqs)
         blocks = [[r.pending] + d for r, d in zip(reqs, drafts, strict=True)]
         starts = [r.seq_len for r in reqs]
-        logits, fb, aux = self.runner.verify(blocks, starts, [r.pages for r in reqs], [r.working_slot for r in reqs])
-        commit_lens = []
-        for b, r in enumerate(reqs):
-            commit_lens.append(self._accept(r, drafts[b], logits[b]))
-        self._commit(reqs, fb, starts, commit_lens)
-        self.runner.commit_draft_ctx(aux, fb, commit_lens)
+        logits = self.runner.verify(blocks, starts, [r.pages for r in reqs], [r.working_slot for r in reqs])
+        commit_lens = [self._accept(r, d, lg) for r, d, lg in zip(reqs, drafts, logits, strict=True)]
+        self._commit(reqs, starts, commit_lens)
 
     def _accept(self, r: Req, drafts: list[int], logits: torch.Tensor) -> int:
         """Emit accepted drafts + bonus (clipped by finish); returns commit_len."""
@@ -67,7 +63,7 @@ class DFlashWorker:
                 break
         return count
 
-    def _commit(self, reqs: list[Req], fb, starts: list[int], commit_lens: list[int]) -> None:
+    def _commit(self, reqs: list[Req], starts: list[int], commit_lens: list[int]) -> None:
         pre = torch.tensor(starts, dtype=torch.int32)
         commit = torch.tensor(commit_lens, dtype=torch.int64)
         post = pre.to(torch.int64) + commit
@@ -88,16 +84,8 @@ class DFlashWorker:
             crossed = tracking and p // I != (p + c) // I
             # scheduler bookkeeping from the real lengths, independent of the copy below
             track_slots.append(self.sched.record_track(r, (p + c) // I * I) if crossed else r.working_slot)
-        track_slots_t = torch.tensor(track_slots)
-        st = self.runner.caches.state
-        saved_conv = None
-        if self.fault == "conv-not-tracked":
-            saved_conv = st.conv[:, track_slots_t].clone()
-        kernels.commit_verified_states(st.rec, st.conv, fb.rec_inter, fb.conv_inter,
-                              torch.tensor([r.working_slot for r in reqs]), commit - 1, track_slots_t, steps)
-        if saved_conv is not None:
-            due = steps >= 0
-            st.conv[:, track_slots_t[due]] = saved_conv[:, due]
+        self.runner.commit_verify([r.working_slot for r in reqs], commit_lens, track_slots, steps.tolist(),
+                                  conv_tracked=self.fault != "conv-not-tracked")
         for r, p, c, s in zip(reqs, starts, commit_lens, steps.tolist(), strict=True):
             r.seq_len = p + c
             r.out.spec_verify_ct += 1

@@ -23,7 +23,7 @@ def scripted_drafts(runner, r: Req, block_size: int, n_accept: int) -> list[int]
     for _ in range(n_accept + 1):
         if len(block) == block_size:
             break
-        logits, _, _ = runner.verify([block], [r.seq_len], [r.pages], [r.working_slot])
+        logits = runner.verify([block], [r.seq_len], [r.pages], [r.working_slot])
         greedy = int(logits[0, -1].argmax())
         block.append(greedy if len(block) <= n_accept else (greedy + 1) % 256)
     while len(block) < block_size:

@@ -17,6 +17,7 @@ class OneSeq:
         self.caches = ModelCaches.build(model.cfg, max_len // page_size + 1, page_size, 4, **kw)
         self.pages = self.caches.kv.alloc(max_len // page_size)
         self.slot = self.caches.state.alloc(1)[0]
+        self.caches.state.zero([self.slot])
         self.len = 0
 
     def fb(self, T, verify=False, capture=()):
