@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     f = p.add_argument_group("testing")
     f.add_argument("--inject-fault", type=_fault, default=None, metavar="NAME",
                    help="inject a named bug (see the list below) so specgate can prove it detects it")
+    t = p.add_argument_group("tensor parallelism")
+    t.add_argument("--tp-rendezvous", default=None, metavar="HOST:PORT",
+                   help="with --tp-size N: do not start ranks 1..N-1 here; listen on HOST:PORT for rank workers "
+                        "started elsewhere (the harness's Ray rank actors); the server exits if a rank dies")
     h = p.add_argument_group("http server")
     h.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 exposes it to the network)")
     h.add_argument("--port", type=_port, default=30000, help="port to bind (0: any free port, printed)")
@@ -127,13 +131,13 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error(msg)
 
 
-def build_engine(cfg: EngineConfig, parser: argparse.ArgumentParser):
-    """The AsyncEngine for cfg; tensor parallelism goes through the engine.tp_serve hook when it exists."""
-    if cfg.tp_size > 1 and importlib.util.find_spec(TP_HOOK) is None:
-        parser.error(f"--tp-size {cfg.tp_size}: tensor parallelism is not available in this build yet")
+def build_engine(cfg: EngineConfig, parser: argparse.ArgumentParser, rendezvous: str | None = None):
+    """The AsyncEngine for cfg; tensor parallelism goes through engine.tp_serve."""
+    if rendezvous and cfg.tp_size == 1:
+        parser.error("--tp-rendezvous needs --tp-size > 1")
     try:
         if cfg.tp_size > 1:
-            return importlib.import_module(TP_HOOK).build_engine(cfg)
+            return importlib.import_module(TP_HOOK).build_engine(cfg, rendezvous)
         from engine.async_engine import AsyncEngine
 
         return AsyncEngine(cfg)
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = config_from_args(args, parser)
-    engine = build_engine(cfg, parser)
+    engine = build_engine(cfg, parser, args.tp_rendezvous)
     try:
         return asyncio.run(serve(engine, args))
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -23,6 +24,28 @@ def _rank_main(cfg: EngineConfig, rank: int, size: int, addr: str, port: int) ->
     RankWorker(cfg, rank, size, addr, port).serve_forever()
 
 
+class RankActor:
+    """Ray actor body for ranks 1..N-1 of a harness replica (wrapped with ray.remote there).
+
+    It joins rank 0's group at the replica's rendezvous address and replays its calls on a
+    thread; if the group fails (rank 0 gone), the actor exits so nothing is left behind.
+    """
+
+    def __init__(self, cfg_dict: dict, rank: int, size: int, addr: str, port: int):
+        cfg = EngineConfig(**cfg_dict)
+
+        def run() -> None:
+            try:
+                RankWorker(cfg, rank, size, addr, port).serve_forever()
+            except BaseException:  # rank 0 vanished: nothing left to serve
+                os._exit(1)
+
+        threading.Thread(target=run, name=f"tp-rank{rank}", daemon=True).start()
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
 def start_local(cfg: EngineConfig, addr: str = "127.0.0.1", port: int | None = None):
     """Start ranks 1..N-1 as processes and build rank 0's Engine; returns (engine, processes)."""
     size = cfg.tp_size
@@ -40,8 +63,28 @@ def start_local(cfg: EngineConfig, addr: str = "127.0.0.1", port: int | None = N
     return Engine(cfg, runner=runner), procs, dead
 
 
-def build_engine(cfg: EngineConfig) -> AsyncEngine:
-    """The serve hook: an AsyncEngine over a local TP replica, unhealthy as soon as a rank dies."""
+def build_engine(cfg: EngineConfig, rendezvous: str | None = None) -> AsyncEngine:
+    """The serve hook: an AsyncEngine over a TP replica, unhealthy as soon as a rank dies.
+
+    Without `rendezvous` the ranks are local processes. With `HOST:PORT` they are started
+    elsewhere (Ray rank actors, see harness/replica.py) and join there; then a rank failure
+    also ends this process after a grace period, so the replica's actor restarts the whole
+    replica.
+    """
+    if rendezvous:
+        host, _, port = rendezvous.rpartition(":")
+        runner = TPRunner(cfg, cfg.tp_size, host, int(port))
+        ae = AsyncEngine(cfg, engine=Engine(cfg, runner=runner))
+
+        def exit_on_failure() -> None:
+            while ae.health_error is None and runner.failure is None:
+                threading.Event().wait(0.5)
+            threading.Event().wait(3.0)  # let in-flight requests receive their error
+            print(f"tensor-parallel replica failed: {ae.health_error or runner.failure}", flush=True)
+            os._exit(3)
+
+        threading.Thread(target=exit_on_failure, name="tp-exit", daemon=True).start()
+        return ae
     engine, procs, dead = start_local(cfg)
     ae = AsyncEngine(cfg, engine=engine)
 

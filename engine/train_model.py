@@ -20,7 +20,7 @@ from engine.model.hybrid import HybridLM
 from engine.model.layers import rope
 
 
-def gdn_train_forward(m: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
+def gdn_train_forward(m: GatedDeltaNet, x: torch.Tensor, chunk_size: int = 16) -> torch.Tensor:
     """GatedDeltaNet.forward for whole sequences x [B, T, h] from zero conv and recurrent states."""
     B, T, _ = x.shape
     kd, vd = m.hk * m.dk, m.hv * m.dv
@@ -38,7 +38,7 @@ def gdn_train_forward(m: GatedDeltaNet, x: torch.Tensor) -> torch.Tensor:
     beta = torch.sigmoid(b.float())
     g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias.float())
     state = x.new_zeros(B, m.hv, m.dk, m.dv, dtype=torch.float32)
-    o, _ = gdn_chunked(q, k, v.float(), g, beta, state, m.scale)
+    o, _ = gdn_chunked(q, k, v.float(), g, beta, state, m.scale, chunk_size)
     o = m.norm(o.to(x.dtype), z.reshape(B, T, m.hv, m.dv))
     return m.out_proj(o.reshape(B, T, vd))
 

@@ -78,13 +78,20 @@ class ReplicaServer:
         self._proc: subprocess.Popen | None = None
         self.workdir = workdir if workdir and os.path.isdir(workdir) else None
         Path(log_dir).mkdir(parents=True, exist_ok=True)
+        self.ranks: list = []
+        tp_size = int(args[args.index("--tp-size") + 1]) if "--tp-size" in args else 1
         last_error = ""
         for attempt in range(3):  # a port can be taken between free_port() and the server's bind
             self.port = free_port(self.host)
             self.url = f"http://{self.host}:{self.port}"
             self.log_path = Path(log_dir) / f"{replica_id}-{os.getpid()}-{attempt}.log"
             cmd = resolve_command(command) + list(args) + ["--host", self.host, "--port", str(self.port)]
+            if tp_size > 1:
+                rendezvous = free_port(self.host)
+                cmd += ["--tp-rendezvous", f"{self.host}:{rendezvous}"]
             self._start(cmd)
+            if tp_size > 1:
+                self._start_ranks(args, tp_size, rendezvous)
             last_error = self._wait_healthy(startup_timeout)
             if not last_error:
                 self._serving = True
@@ -125,6 +132,39 @@ class ReplicaServer:
         if failure:
             raise RuntimeError(f"replica {self.replica_id}: cannot start {cmd[0]}: {failure[0]}")
 
+    def _start_ranks(self, args: list[str], tp_size: int, port: int) -> None:
+        """Ranks 1..N-1 as Ray actors in bundles 1..N-1 of this replica's placement group.
+
+        They join rank 0 (the server this actor started, in bundle 0) at host:port; rank 0's
+        address is this node's, i.e. bundle 0's.
+        """
+        import dataclasses
+
+        import ray
+        from ray.util import get_current_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from engine.serve import build_parser, config_from_args
+        from engine.tp_serve import RankActor
+
+        parser = build_parser()
+        cfg = config_from_args(parser.parse_args(list(args)), parser)
+        pg = get_current_placement_group()
+        cls = ray.remote(num_cpus=1, max_restarts=0)(RankActor)
+        for a in self.ranks:
+            ray.kill(a, no_restart=True)
+        self.ranks = [
+            cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r))
+            .remote(dataclasses.asdict(cfg), r, tp_size, self.host, port)
+            for r in range(1, tp_size)
+        ]
+
+    def rank_pids(self) -> list[int]:
+        """Process ids of this replica's rank actors (for tests that kill one)."""
+        import ray
+
+        return ray.get([a.ping.remote() for a in self.ranks], timeout=30)
+
     def _wait_healthy(self, timeout: float) -> str:
         """'' once /health answers 200; else why not (server exited, or the timeout)."""
         deadline = time.monotonic() + timeout
@@ -159,3 +199,7 @@ class ReplicaServer:
         """Stop the server for good (the watchdog then leaves the actor alive, to be killed)."""
         self._stopping = True
         self._terminate()
+        import ray
+
+        for a in self.ranks:
+            ray.kill(a, no_restart=True)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
+import json
 
 import pytest
 
 from harness.run import main
 from tests.harness.helpers import check_complete, make_sessions, write_workload
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("engine.serve") is None, reason="engine.serve not available"),
-]
+pytestmark = pytest.mark.slow
 
 
 def test_real_engine_run_has_no_hard_mismatch(ray_local, workdir):
@@ -29,3 +26,22 @@ def test_real_engine_run_has_no_hard_mismatch(ray_local, workdir):
     # turn 1 restored the checkpoint at the boundary below its shared prefix (24 + 10 = 34 tokens)
     assert {r["cached_tokens"] for r in cands if r["turn"] == 1 and r["pool"] == "i16"} == {32}
     assert {r["cached_tokens"] for r in cands if r["turn"] == 1 and r["pool"] == "i32"} == {32}
+
+
+def test_tensor_parallel_replicas_match_single_rank(ray_local, workdir):
+    """--tp-size 2: each replica is a server (rank 0) plus a Ray rank actor in its placement group."""
+    sessions = make_sessions(2, prompt_len=24, max_new=10)
+    workload = write_workload(workdir / "w.jsonl", sessions)
+    outputs = {}
+    for tp in (1, 2):
+        rc = main(["--suite", str(workload), "--model-path", "random", "--model-preset", "tiny",
+                   "--intervals", "16", "--block-size", "4", "--concurrency", "1,2", "--tp-size", str(tp),
+                   "--runs-dir", str(workdir / "runs"), "--run-id", f"tp{tp}", "--no-progress",
+                   "--startup-timeout", "300", "--request-timeout", "120", "--max-soft-rate", "1"])
+        assert rc == 0
+        cands = check_complete(workdir / "runs" / f"tp{tp}", sessions, intervals=(16,))
+        assert {r["engine"]["tp"] for r in cands} == {tp}
+        outputs[tp] = {r["key"]: r["output_ids"] for r in cands}
+    assert outputs[1] == outputs[2]
+    config = json.loads((workdir / "runs" / "tp2" / "config.json").read_text())
+    assert config["run_config"]["tp_size"] == 2
