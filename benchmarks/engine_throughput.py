@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes, gloo)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     base = dict(model_path=args.model_path, model_preset=args.preset, disable_radix_cache=True)
@@ -41,7 +42,13 @@ def main() -> None:
         e.runner.extend(list(ids[:512]), 0, list(range(40)), 0)
     print(f"forward (prefill chunk 512): {3 * 512 / (time.perf_counter() - t):,.0f} tokens/s")
     for spec in ("NONE", "DFLASH"):
-        e = Engine(EngineConfig(speculative_algorithm=spec, **base))
+        cfg = EngineConfig(speculative_algorithm=spec, tp_size=args.tp, **base)
+        if args.tp > 1:
+            from engine.tp_serve import start_local
+
+            e, _, _ = start_local(cfg)
+        else:
+            e = Engine(cfg)
         for conc in (1, 16):
             reqs = _reqs(conc, args.prompt, args.new, f"{spec}{conc}-")
             t = time.perf_counter()
@@ -49,8 +56,10 @@ def main() -> None:
             dt = time.perf_counter() - t
             toks = sum(len(o.output_ids) for o in outs)
             acc = sum(o.spec_accept_length for o in outs) / len(outs) if spec == "DFLASH" else float("nan")
-            print(f"{spec:6s} concurrency {conc:2d}: {toks / dt:8.1f} output tokens/s "
+            print(f"{spec:6s} tp {args.tp} concurrency {conc:2d}: {toks / dt:8.1f} output tokens/s "
                   f"(prompt {args.prompt}, {args.new} new each; accept length {acc:.2f})")
+        if args.tp > 1:
+            e.runner.shutdown()
 
 
 if __name__ == "__main__":
