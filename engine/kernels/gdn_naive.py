@@ -47,9 +47,9 @@ def gdn_verify(
     for t in range(T):
         S = S * g[:, t].exp()[..., None, None]
         kt, vt = k[:, t], v[:, t]  # [B, H, Dk], [B, H, Dv]
-        u = beta[:, t, :, None] * (vt - torch.einsum("bhkv,bhk->bhv", S, kt))
-        S = S + kt[..., :, None] * u[..., None, :]
-        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t] * scale))
+        u = beta[:, t, :, None] * (vt - (kt[..., None, :] @ S)[..., 0, :])  # S^T k
+        S = S + kt[..., :, None] * u[..., None, :]  # k u^T
+        outs.append(((q[:, t] * scale)[..., None, :] @ S)[..., 0, :])  # S^T q
         states.append(S)
     if T == 0:
         return q.new_zeros(B, 0, H, v.shape[-1]).to(out_dtype), S.new_zeros(B, 0, *S.shape[1:])
