@@ -104,7 +104,8 @@ def _verdict(verdict: Verdict, config: dict) -> str:
     else:
         items = (f"<li>all gate checks passed: hard &le; {t.max_hard}, errors &le; {t.max_errors}, "
                  f"soft &le; {100 * t.max_soft_rate:.1f}% of requests</li>")
-    meta = (f"run {esc(config.get('run_id', ''))} &middot; suite {esc(config.get('suite') or config.get('run_config', {}).get('suite', ''))} &middot; "
+    suite = config.get("suite") or config.get("run_config", {}).get("suite", "")
+    meta = (f"run {esc(config.get('run_id', ''))} &middot; suite {esc(suite)} &middot; "
             f"soft = reference top-1/top-2 margin &lt; {t.margin_threshold:g} at the first divergence")
     return (f'<header class="verdict {word.lower()}"><div class="word">{word}</div>'
             f'<div class="headline">{esc(verdict.headline)}</div><ul>{items}</ul>'
