@@ -1,7 +1,9 @@
 """Training text: the stdlib files outside the held-out split, divided into train and validation.
 
 The held-out files (`workloads.corpus.is_heldout`) are where workload prompts
-come from; they never enter training. The rest are split by a second stable
+come from; they never enter training. Generated codec tables (gencodec.py
+output: kilobytes of near-identical mapping lines) are left out as well, as
+they are from the prompts. The rest are split by a second stable
 hash of the relpath, so the split does not depend on the file order or on the
 local Python version beyond which files exist.
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from workloads.corpus import HEADER, is_heldout, stdlib_files
+from workloads.corpus import GENERATED_MARK, HEADER, is_heldout, stdlib_files
 
 VALIDATION_PERCENT = 3
 
@@ -33,17 +35,21 @@ class Corpus:
     train_files: int
     validation_files: int
     heldout_files: int
+    generated_files: int = 0  # codec tables left out
 
 
 def load_corpus() -> Corpus:
     """Read this Python's stdlib and split it: held-out files dropped, the rest train / validation."""
     train, val = bytearray(), bytearray()
-    n_train = n_val = n_held = 0
+    n_train = n_val = n_held = n_gen = 0
     for rel, path in stdlib_files():
         if is_heldout(rel):
             n_held += 1
             continue
         body = path.read_bytes().replace(b"\r\n", b"\n")
+        if GENERATED_MARK.encode("ascii") in body:
+            n_gen += 1
+            continue
         if not body.endswith(b"\n"):
             body += b"\n"
         chunk = f"{HEADER}{rel}\n".encode("ascii") + body
@@ -55,8 +61,8 @@ def load_corpus() -> Corpus:
             n_train += 1
     if not train or not val:
         raise RuntimeError("no stdlib source found for training (sysconfig stdlib path empty?)")
-    return Corpus(torch.frombuffer(bytes(train), dtype=torch.uint8).clone(),
-                  torch.frombuffer(bytes(val), dtype=torch.uint8).clone(), n_train, n_val, n_held)
+    return Corpus(torch.frombuffer(train, dtype=torch.uint8).clone(),
+                  torch.frombuffer(val, dtype=torch.uint8).clone(), n_train, n_val, n_held, n_gen)
 
 
 def sample_windows(text: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 They reuse the serving modules' parameters (same names, same math) but need no
 paged pools: every sequence starts from zero linear states, the Gated DeltaNet
-runs in its chunked form and attention is plain causal SDPA. A test checks that
+runs in the chunked form of kernels/gdn_chunked.py (restated so its backward is
+cheap), the conv is a depthwise conv1d and attention is plain causal SDPA. A test checks that
 the logits match the engine's inference path, so training and serving agree.
 """
 
@@ -11,8 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kernels.gdn_chunked import gdn_chunked
-from engine.kernels.gdn_naive import causal_conv1d
 from engine.model.attention import Attention
 from engine.model.drafter import DFlashDrafter, DrafterLayer
 from engine.model.gdn import GatedDeltaNet
@@ -20,15 +19,59 @@ from engine.model.hybrid import HybridLM
 from engine.model.layers import rope
 
 
-def gdn_train_forward(m: GatedDeltaNet, x: torch.Tensor, chunk_size: int = 16) -> torch.Tensor:
+def causal_conv_train(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """SiLU(depthwise causal conv) of x [B, T, C] from a zero window, as gdn_naive.causal_conv1d, via conv1d."""
+    K = weight.shape[1]
+    y = F.conv1d(F.pad(x.transpose(1, 2), (K - 1, 0)), weight[:, None, :].to(x.dtype), groups=x.shape[-1])
+    return F.silu(y).transpose(1, 2)
+
+
+def gdn_chunked_train(q, k, v, g, beta, scale: float, chunk_size: int = 32) -> torch.Tensor:
+    """kernels.gdn_chunked.gdn_chunked from a zero state, outputs only [B, T, H, Dv].
+
+    The same WY math, but each chunk's output is stacked instead of written into a preallocated
+    tensor: the slice writes' backward would copy the whole output once per chunk.
+    """
+    B, T, H, Dk = q.shape
+    C = chunk_size
+    pad = (-T) % C
+    q, k, v = (F.pad(x.float().transpose(1, 2), (0, 0, 0, pad)) for x in (q, k, v))  # [B, H, T, D]
+    g, beta = (F.pad(x.float().transpose(1, 2), (0, pad)) for x in (g, beta))
+    N = (T + pad) // C
+    q, k, v = (x.reshape(B, H, N, C, -1) for x in (q * scale, k, v))
+    g = g.reshape(B, H, N, C).cumsum(-1)
+    beta = beta.reshape(B, H, N, C)
+    lower = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    strict_lower = lower.clone().fill_diagonal_(False)
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(~lower, float("-inf")).exp()
+    k_beta = k * beta[..., None]
+    A = torch.eye(C, device=q.device) + (k_beta @ k.transpose(-1, -2) * decay).masked_fill(~strict_lower, 0.0)
+    u = torch.linalg.solve_triangular(A, v * beta[..., None], upper=False)  # [B, H, N, C, Dv]
+    w = torch.linalg.solve_triangular(A, k_beta * g.exp()[..., None], upper=False)  # [B, H, N, C, Dk]
+    attn = (q @ k.transpose(-1, -2) * decay).masked_fill(~lower, 0.0)  # [B, H, N, C, C]
+    q_decayed = q * g.exp()[..., None]
+    k_to_end = k * (g[..., -1:] - g).exp()[..., None]
+    chunk_decay = g[..., -1:].exp()[..., None]  # [B, H, N, 1, 1]
+    S = q.new_zeros(B, H, Dk, v.shape[-1])
+    outs = []
+    # unbind once: indexing chunk n inside the loop would make the backward copy whole tensors per chunk
+    for u_n, w_n, qd_n, attn_n, kt_n, d_n in zip(*(x.unbind(2) for x in (u, w, q_decayed, attn, k_to_end,
+                                                                          chunk_decay)), strict=True):
+        v_new = u_n - w_n @ S  # [B, H, C, Dv]
+        outs.append(qd_n @ S + attn_n @ v_new)
+        S = S * d_n + kt_n.transpose(-1, -2) @ v_new
+    out = torch.stack(outs, 2).reshape(B, H, N * C, -1)[:, :, :T]
+    return out.transpose(1, 2)
+
+
+def gdn_train_forward(m: GatedDeltaNet, x: torch.Tensor, chunk_size: int = 32) -> torch.Tensor:
     """GatedDeltaNet.forward for whole sequences x [B, T, h] from zero conv and recurrent states."""
     B, T, _ = x.shape
     kd, vd = m.hk * m.dk, m.hv * m.dv
     q, k, v, z = m.in_proj_qkvz(x).split([kd, kd, vd, vd], dim=-1)
     b, a = m.in_proj_ba(x).chunk(2, dim=-1)  # [B, T, Hv] each
     mixed = torch.cat([q, k, v], dim=-1)  # [B, T, C]
-    window = x.new_zeros(B, mixed.shape[-1], m.conv_weight.shape[1] - 1)
-    mixed, _ = causal_conv1d(mixed, window, m.conv_weight)
+    mixed = causal_conv_train(mixed, m.conv_weight)
     q, k, v = mixed.split([kd, kd, vd], dim=-1)
     q = F.normalize(q.reshape(B, T, m.hk, m.dk).float(), dim=-1)
     k = F.normalize(k.reshape(B, T, m.hk, m.dk).float(), dim=-1)
@@ -37,8 +80,7 @@ def gdn_train_forward(m: GatedDeltaNet, x: torch.Tensor, chunk_size: int = 16) -
     v = v.reshape(B, T, m.hv, m.dv)
     beta = torch.sigmoid(b.float())
     g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias.float())
-    state = x.new_zeros(B, m.hv, m.dk, m.dv, dtype=torch.float32)
-    o, _ = gdn_chunked(q, k, v.float(), g, beta, state, m.scale, chunk_size)
+    o = gdn_chunked_train(q, k, v.float(), g, beta, m.scale, chunk_size)
     o = m.norm(o.to(x.dtype), z.reshape(B, T, m.hv, m.dv))
     return m.out_proj(o.reshape(B, T, vd))
 

@@ -1,0 +1,162 @@
+"""DFlash speedup of the trained default model on held-out prompts, and what the model looks like.
+
+Prints (no assertions):
+  * decode tokens/s with and without DFlash (B = 8) at concurrency 1 and 8;
+  * the acceptance-length distribution (commit length per verify step, from spec_trace) at B = 8 and B = 16;
+  * held-out bits per byte and the share of positions whose top-1/top-2 log-prob margin is below 0.5;
+  * the acceptance histogram over the frozen suite's turn-0 prompts (their max_new_tokens and interval).
+
+Usage: python benchmarks/spec_speedup.py [--model-path default] [--new 128] [--threads 1] [--no-frozen]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections import Counter
+
+import torch
+
+from engine.api import GenerateOutput, GenerateRequest, SamplingParams
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.runner import resolve_model
+from engine.train_data import fixed_windows
+from engine.train_model import target_forward
+from workloads import load_suite
+from workloads.corpus import TextCursor, heldout_documents, heldout_text
+
+MARGIN_THRESHOLD = 0.5
+
+
+def heldout_prompts(n: int, length: int) -> list[tuple[int, ...]]:
+    """n consecutive, non-overlapping held-out slices of `length` bytes, each starting a line."""
+    cursor = TextCursor(heldout_documents())
+    return [tuple(cursor.take(length).encode("ascii")) for _ in range(n)]
+
+
+def make_engine(model_path: str, spec: str, block: int = 8, concurrency: int = 8, interval: int = 256) -> Engine:
+    return Engine(EngineConfig(model_path=model_path, speculative_algorithm=spec, speculative_num_draft_tokens=block,
+                               disable_radix_cache=True, max_running_requests=concurrency,
+                               mamba_track_interval=interval))
+
+
+def run(engine: Engine, prompts, new: int, tag: str, top: int = 0) -> tuple[list[GenerateOutput], float]:
+    reqs = [GenerateRequest(f"{tag}{i}", p, SamplingParams(max_new_tokens=new, ignore_eos=True),
+                            return_logprob=top > 0, top_logprobs_num=top) for i, p in enumerate(prompts)]
+    t = time.perf_counter()
+    outs = engine.generate(reqs)
+    return outs, time.perf_counter() - t
+
+
+def decode_rate(engine: Engine, prompts, new: int, tag: str) -> tuple[float, list[GenerateOutput]]:
+    """Decode tokens/s: (tokens - first token) / (time - the same prompts' prefill-only time)."""
+    _, t_prefill = run(engine, prompts, 1, tag + "p")
+    outs, t_all = run(engine, prompts, new, tag)
+    toks = sum(len(o.output_ids) - 1 for o in outs)
+    return toks / max(1e-9, t_all - t_prefill), outs
+
+
+def commit_hist(outs: list[GenerateOutput], block: int) -> tuple[float, list[int]]:
+    """Mean commit length (SGLang's accept length: tokens per verify step) and counts of commit length 1..B."""
+    c = Counter(cl for o in outs for _, cl, _ in o.spec_trace)
+    steps = sum(c.values())
+    return sum(k * v for k, v in c.items()) / max(1, steps), [c.get(k, 0) for k in range(1, block + 1)]
+
+
+def fmt_hist(h: list[int]) -> str:
+    total = max(1, sum(h))
+    return " ".join(f"{i + 1}:{100 * v / total:.0f}%" for i, v in enumerate(h))
+
+
+@torch.no_grad()
+def heldout_figures(model_path: str, windows: int, length: int = 512) -> tuple[float, float]:
+    """(bits per byte, share of positions with top-1/top-2 margin < 0.5) over fixed held-out windows."""
+    from engine.model.hybrid import HybridLM
+    from engine.model.weights import load_full_state_dict
+
+    mcfg, full, _ = resolve_model(EngineConfig(model_path=model_path))
+    model = HybridLM(mcfg).eval()
+    load_full_state_dict(model, full)
+    text = torch.frombuffer(bytearray(heldout_text().encode("ascii")), dtype=torch.uint8)
+    ids = fixed_windows(text, windows, length + 1)
+    nll, low, count = 0.0, 0, 0
+    for i in range(0, len(ids), 8):
+        batch = ids[i : i + 8]
+        h, _ = target_forward(model, batch[:, :-1])
+        logp = model.logits(h).log_softmax(-1)
+        nll -= logp.gather(-1, batch[:, 1:, None]).sum().item()
+        top2 = logp.topk(2, dim=-1).values
+        low += (top2[..., 0] - top2[..., 1] < MARGIN_THRESHOLD).sum().item()
+        count += batch[:, 1:].numel()
+    return nll / count / math.log(2), low / count
+
+
+def frozen_histogram(model_path: str, block: int = 8) -> tuple[float, list[int], int]:
+    """Turn-0 prompts of the frozen suite through the DFlash engine, per interval; (mean, histogram, steps)."""
+    sessions = load_suite("frozen")
+    outs = []
+    for interval in sorted({s.interval for s in sessions}):
+        e = make_engine(model_path, "DFLASH", block, 8, interval)
+        reqs = [GenerateRequest(s.session_id, tuple(s.turns[0].input_ids),
+                                SamplingParams(max_new_tokens=s.turns[0].max_new_tokens, ignore_eos=True))
+                for s in sessions if s.interval == interval]
+        outs += e.generate(reqs)
+    mean, hist = commit_hist(outs, block)
+    return mean, hist, sum(hist)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-path", default="default")
+    ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per configuration")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--new", type=int, default=128, help="new tokens per request")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--bpb-windows", type=int, default=96, help="held-out windows of 512 bytes for bits per byte")
+    ap.add_argument("--no-frozen", action="store_true", help="skip the frozen-suite histogram")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    prompts = heldout_prompts(args.prompts, args.prompt_len)
+    print(f"model {args.model_path!r}, {len(prompts)} held-out prompts of {args.prompt_len} bytes, "
+          f"{args.new} new tokens each, greedy, torch threads {args.threads}")
+
+    rows, rates = [], {}
+    for conc in (1, 8):
+        for spec in ("NONE", "DFLASH"):
+            e = make_engine(args.model_path, spec, 8, conc)
+            run(e, prompts[:1], 16, "warm")
+            rate, outs = decode_rate(e, prompts, args.new, f"{spec}{conc}-")
+            rates[spec, conc] = rate
+            acc = f"{commit_hist(outs, 8)[0]:.2f}" if spec == "DFLASH" else "-"
+            rows.append((conc, spec, rate, acc))
+    print(f"\n{'concurrency':>11}  {'algorithm':<9} {'decode tok/s':>12}  {'accept len':>10}  {'speedup':>7}")
+    for conc, spec, rate, acc in rows:
+        print(f"{conc:>11}  {spec:<9} {rate:>12.1f}  {acc:>10}  {rate / rates['NONE', conc]:>6.2f}x")
+
+    print("\nacceptance (commit length per verify step = accepted drafts + 1), held-out prompts:")
+    greedy_low = None
+    for block in (8, 16):
+        e = make_engine(args.model_path, "DFLASH", block, 8)
+        outs, _ = run(e, prompts, args.new, f"B{block}-", top=2)
+        mean, hist = commit_hist(outs, block)
+        print(f"  B = {block:2d}: mean {mean:.2f} over {sum(hist)} verify steps | {fmt_hist(hist)}")
+        if greedy_low is None:
+            margins = [t[0][0] - t[1][0] for o in outs for t in o.output_top_logprobs]
+            greedy_low = sum(m < MARGIN_THRESHOLD for m in margins) / max(1, len(margins))
+
+    bpb, low = heldout_figures(args.model_path, args.bpb_windows)
+    print(f"\nheld-out: {bpb:.3f} bits per byte over {args.bpb_windows} x 512 bytes; top-1/top-2 margin < "
+          f"{MARGIN_THRESHOLD}: {100 * low:.1f}% of teacher-forced positions, {100 * greedy_low:.1f}% of greedy "
+          "generated positions")
+
+    if not args.no_frozen:
+        mean, hist, steps = frozen_histogram(args.model_path)
+        print(f"\nfrozen suite, turn-0 prompts (B = 8, intervals 128/256 per case): mean commit length {mean:.2f} "
+              f"over {steps} verify steps")
+        print("  commit length: " + "  ".join(f"{i + 1}: {v}" for i, v in enumerate(hist)))
+
+
+if __name__ == "__main__":
+    main()
