@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import importlib.util
 import logging
 import re
 import signal
