@@ -44,7 +44,6 @@ class Engine:
         self.max_context = self.model_config.max_position_embeddings
         self.sched = Scheduler(cfg, self.runner, self.max_context)
         self.worker = DFlashWorker(cfg, self.runner, self.sched) if cfg.speculative else None
-        self._baseline = self.pool_usage()
 
     # --- requests -----------------------------------------------------------
     def validate(self, req: GenerateRequest) -> None:

@@ -65,6 +65,3 @@ def check_fault_name(name: str) -> None:
     if name not in FAULTS:
         raise ValueError(f"unknown fault {name!r}; valid faults: {', '.join(sorted(FAULTS))}")
 
-
-def describe() -> str:
-    return "\n".join(f"{f.name}: {f.summary}" for f in FAULTS.values())
