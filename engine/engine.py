@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import math
 
-import torch
-
 from engine import kernels
 from engine.api import GenerateOutput, GenerateRequest
 from engine.config import EngineConfig
@@ -35,7 +33,6 @@ class Engine:
     def __init__(self, cfg: EngineConfig, tp: TPContext = SINGLE, runner=None):
         """`runner`: a prebuilt runner (a tensor-parallel proxy); else a single-rank ModelRunner."""
         cfg.validate()
-        torch.set_grad_enabled(False)
         kernels.set_force_torch(cfg.force_torch_kernels)
         self.cfg = cfg
         num_pages = pool_pages(cfg)

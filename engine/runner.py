@@ -48,6 +48,7 @@ class ModelRunner:
         self.model_cfg = mcfg
         self.model = HybridLM(mcfg, tp).to(self.device).eval()
         load_full_state_dict(self.model, full)
+        self.model.requires_grad_(False)  # serving never builds autograd graphs, whatever the grad mode
         self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device)
         self.drafter = None
         self._last_verify = None
@@ -57,6 +58,7 @@ class ModelRunner:
                 raise WeightsError(f"{cfg.model_path}: no drafter.safetensors, needed for DFLASH")
             self.drafter = DFlashDrafter(mcfg).to(self.device).eval()
             load_full_state_dict(self.drafter, drafter_full)
+            self.drafter.requires_grad_(False)
             # drafter context cache: same page tables as the target's KV, its own tensors
             self.draft_kv = KVPool(mcfg.drafter_num_layers, num_pages, cfg.page_size, mcfg.num_key_value_heads,
                                    mcfg.head_dim, device=self.device)
@@ -144,6 +146,7 @@ class ModelRunner:
             self.draft_kv.k[i][sel.reshape(-1)] = k.reshape(-1, *k.shape[-2:])
             self.draft_kv.v[i][sel.reshape(-1)] = v.reshape(-1, *v.shape[-2:])
 
+    @torch.no_grad()
     def commit_verify(self, working_slots: list[int], commit_lens: list[int], track_slots: list[int],
                       track_steps: list[int], conv_tracked: bool = True) -> None:
         """After acceptance: commit the last verify's states and the drafter context.

@@ -97,7 +97,6 @@ def generate_rollouts(cfg: HybridConfig, target_state: dict, text: bytes, dc: Dr
             outs += engine.generate(reqs[i : i + batch])
             bar.update(len(reqs[i : i + batch]))
         bar.close()
-        torch.set_grad_enabled(True)  # the engine turns autograd off globally
     ids = torch.tensor([p + o.output_ids for p, o in zip(prompts, outs, strict=True)])
     return Rollouts(ids, torch.tensor([len(p) for p in prompts]))
 
