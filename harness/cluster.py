@@ -152,6 +152,12 @@ class RayPools:
         self.actors: list = []
         self.groups: list = []
 
+    def local_cpus(self) -> int:
+        """Logical CPUs for a local Ray: every replica bundle fits, even on a 2-core laptop (Ray's CPUs
+        are logical; the replicas then share the real cores)."""
+        replicas = sum(p.replicas for p in (*self.plan.candidates, self.plan.reference))
+        return max(os.cpu_count() or 1, replicas * self.cfg.tp_size + 1)
+
     def connect(self) -> None:
         import ray
 
@@ -163,7 +169,7 @@ class RayPools:
             ray.init(address=address, include_dashboard=False, log_to_driver=False)
         else:
             print("starting a local Ray (no --address / RAY_ADDRESS)")
-            ray.init(num_cpus=self.cfg.num_cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=self.cfg.num_cpus or self.local_cpus(), include_dashboard=False, log_to_driver=False)
         self.started_ray = True
 
     def start(self) -> tuple[list[Pool], Pool]:

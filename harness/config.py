@@ -105,7 +105,7 @@ _HELP = {
     "inject_fault": "a named fault (engine/faults.py) for the candidate pools",
     "page_size": "KV page size of the replicas (engine default if unset)",
     "address": "Ray cluster address (else RAY_ADDRESS, else auto on a `ray up` node, else a local Ray)",
-    "num_cpus": "logical CPUs of a local Ray",
+    "num_cpus": "logical CPUs of a local Ray (default: enough for every replica, at least the machine's cores)",
     "placement": "placement-group strategy of a replica's bundles (one per TP rank)",
     "runs_dir": "where run directories go",
     "run_id": "name of the run directory (default: UTC time + random suffix)",
