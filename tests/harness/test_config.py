@@ -144,3 +144,18 @@ def test_bad_suite_and_bad_config_exit_2(tmp_path, capsys):
     assert "unknown suite" in capsys.readouterr().err
     assert main(["--resume", str(tmp_path / "nothing")]) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_local_ray_gets_a_cpu_for_every_replica_bundle(monkeypatch):
+    """`make run` on a 2-core laptop: 2 candidate pools + 1 reference pool must all be placeable."""
+    import harness.cluster as cluster
+    from harness.config import RunConfig
+    from harness.plan import builtin_plan
+
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 2)
+    cfg = RunConfig(tp_size=2, replicas=2)
+    pools = cluster.RayPools(cfg, builtin_plan(cfg, []), "t")
+    # (2 intervals x 2 replicas + 1 reference) x 2 ranks, plus one to spare
+    assert pools.local_cpus() == 11
+    monkeypatch.setattr(cluster.os, "cpu_count", lambda: 64)
+    assert pools.local_cpus() == 64
