@@ -66,24 +66,8 @@ def gdn_chunked_train(q, k, v, g, beta, scale: float, chunk_size: int = 32) -> t
 
 def gdn_train_forward(m: GatedDeltaNet, x: torch.Tensor, chunk_size: int = 32) -> torch.Tensor:
     """GatedDeltaNet.forward for whole sequences x [B, T, h] from zero conv and recurrent states."""
-    B, T, _ = x.shape
-    kd, vd = m.hk * m.dk, m.hv * m.dv
-    q, k, v, z = m.in_proj_qkvz(x).split([kd, kd, vd, vd], dim=-1)
-    b, a = m.in_proj_ba(x).chunk(2, dim=-1)  # [B, T, Hv] each
-    mixed = torch.cat([q, k, v], dim=-1)  # [B, T, C]
-    mixed = causal_conv_train(mixed, m.conv_weight)
-    q, k, v = mixed.split([kd, kd, vd], dim=-1)
-    q = F.normalize(q.reshape(B, T, m.hk, m.dk).float(), dim=-1)
-    k = F.normalize(k.reshape(B, T, m.hk, m.dk).float(), dim=-1)
-    rep = m.hv // m.hk
-    q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)  # [B, T, Hv, Dk]
-    v = v.reshape(B, T, m.hv, m.dv)
-    beta = torch.sigmoid(b.float())
-    g = -m.A_log.float().exp() * F.softplus(a.float() + m.dt_bias.float())
-    o = gdn_chunked_train(q, k, v.float(), g, beta, m.scale, chunk_size)
-    o = m.norm(o.to(x.dtype), z.reshape(B, T, m.hv, m.dv))
-    return m.out_proj(o.reshape(B, T, vd))
-
+    return m.mix(x, lambda mixed: causal_conv_train(mixed, m.conv_weight),
+                 lambda q, k, v, g, beta: gdn_chunked_train(q, k, v, g, beta, m.scale, chunk_size))
 
 def attention_train_forward(m: Attention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Attention.forward for whole sequences x [B, T, h] (positions [B, T]) with a causal mask."""

@@ -51,13 +51,25 @@ class GatedDeltaNet(nn.Module):
         return full
 
     def forward(self, x: torch.Tensor, fb: ForwardBatch, rec_pool: torch.Tensor, conv_pool: torch.Tensor):
+        conv_inter = fb.conv_inter[self.gdn_index] if fb.verify else None
+        rec_inter = fb.rec_inter[self.gdn_index] if fb.verify else None
+        return self.mix(
+            x,
+            lambda mixed: kernels.conv_pool_forward(mixed, conv_pool, fb.state_slots, self.conv_weight, conv_inter),
+            lambda q, k, v, g, beta: kernels.gdn_pool_forward(q, k, v, g, beta, rec_pool, fb.state_slots,
+                                                              self.scale, rec_inter),
+        )
+
+    def mix(self, x: torch.Tensor, conv, delta) -> torch.Tensor:
+        """The layer's math around its two stateful ops, shared by serving and training.
+
+        conv(mixed [B, T, C]) -> SiLU(conv); delta(q, k, v, g, beta) -> o [B, T, Hv, Dv].
+        """
         B, T, _ = x.shape
         kd_l, vd_l = self.hk * self.dk, self.hv * self.dv
         q, k, v, z = self.in_proj_qkvz(x).split([kd_l, kd_l, vd_l, vd_l], dim=-1)
         b, a = self.in_proj_ba(x).chunk(2, dim=-1)  # [B, T, Hv] each
-        mixed = torch.cat([q, k, v], dim=-1)  # [B, T, C]
-        conv_inter = fb.conv_inter[self.gdn_index] if fb.verify else None
-        mixed = kernels.conv_pool_forward(mixed, conv_pool, fb.state_slots, self.conv_weight, conv_inter)
+        mixed = conv(torch.cat([q, k, v], dim=-1))  # [B, T, C]
         q, k, v = mixed.split([kd_l, kd_l, vd_l], dim=-1)
         q = F.normalize(q.reshape(B, T, self.hk, self.dk).float(), dim=-1)
         k = F.normalize(k.reshape(B, T, self.hk, self.dk).float(), dim=-1)
@@ -66,8 +78,7 @@ class GatedDeltaNet(nn.Module):
         v = v.reshape(B, T, self.hv, self.dv)
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        rec_inter = fb.rec_inter[self.gdn_index] if fb.verify else None
-        o = kernels.gdn_pool_forward(q, k, v.float(), g, beta, rec_pool, fb.state_slots, self.scale, rec_inter)
+        o = delta(q, k, v.float(), g, beta)
         o = self.norm(o.to(x.dtype), z.reshape(B, T, self.hv, self.dv))
         return self.out_proj(o.reshape(B, T, vd_l))
 
