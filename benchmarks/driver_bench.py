@@ -22,11 +22,12 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from harness.cluster import Pool, Replica
 from harness.config import RunConfig
-from harness.driver import Driver, Progress
+from harness.driver import Driver
 from harness.plan import candidate_engine, reference_engine
-from harness.rundir import RecordFiles
+from harness.pools import Pool, Replica
+from harness.progress import Progress
+from records.jsonl import RecordFiles
 from workloads.schema import Session, Turn
 
 

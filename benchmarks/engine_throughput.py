@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from engine.api import GenerateRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.io_struct import GenerateRequest, SamplingParams
 
 
 def _reqs(n: int, plen: int, new: int, tag: str) -> list[GenerateRequest]:
@@ -44,7 +44,7 @@ def main() -> None:
     for spec in ("NONE", "DFLASH"):
         cfg = EngineConfig(speculative_algorithm=spec, tp_size=args.tp, **base)
         if args.tp > 1:
-            from engine.tp_serve import start_local
+            from engine.tp.local import start_local
 
             e, _, _ = start_local(cfg)
         else:

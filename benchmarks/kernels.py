@@ -25,9 +25,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import engine.kernels as kernels  # noqa: E402
-from engine.kernels import gdn_triton  # noqa: E402
-from engine.kernels.state_scatter import state_scatter_triton  # noqa: E402
-from engine.kernels.state_scatter_ref import state_scatter_ref  # noqa: E402
+from engine.kernels import conv_triton, gdn_triton  # noqa: E402
+from engine.kernels.state_scatter_naive import state_scatter_naive  # noqa: E402
+from engine.kernels.state_scatter_triton import state_scatter_triton  # noqa: E402
 from engine.model.config import preset  # noqa: E402
 
 Timer = Callable[[Callable[[], object]], float]  # fn -> milliseconds
@@ -105,7 +105,7 @@ def _conv_case(s: LinearShape, B: int, T: int, verify: bool, device: str, timer:
     inter = torch.empty(B, T, C, K - 1, device=device) if verify else None
 
     def run_triton():
-        return gdn_triton.causal_conv1d_pool(x, pool, slots, weight, inter)
+        return conv_triton.causal_conv1d_pool(x, pool, slots, weight, inter)
 
     def run_torch():
         return _forced_reference(kernels.conv_pool_forward, x, pool, slots, weight, inter)
@@ -135,7 +135,7 @@ def _scatter_case(s: LinearShape, B: int, T: int, device: str, timer: Timer) -> 
     args = (rec_pool, conv_pool, rec_inter, conv_inter, working, commit_steps, track_slots, track_steps)
     copies = B + int((track_steps >= 0).sum())
     return _row("scatter", s, f"L={L}", B, T, lambda: state_scatter_triton(*args),
-                lambda: state_scatter_ref(*args), 2 * L * copies * entry, timer)
+                lambda: state_scatter_naive(*args), 2 * L * copies * entry, timer)
 
 
 def _forced_reference(op, *args):

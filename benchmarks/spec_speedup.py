@@ -18,12 +18,12 @@ from collections import Counter
 
 import torch
 
-from engine.api import GenerateOutput, GenerateRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.io_struct import GenerateOutput, GenerateRequest, SamplingParams
 from engine.runner import resolve_model
-from engine.train_data import fixed_windows
-from engine.train_model import target_forward
+from training.data import fixed_windows
+from training.forward import target_forward
 from workloads import load_suite
 from workloads.corpus import TextCursor, heldout_documents, heldout_text
 

@@ -1,36 +1,62 @@
-"""EngineConfig: every engine setting, validated in one place (like SGLang's ServerArgs)."""
+"""EngineConfig: every engine setting, validated in one place (like SGLang's ServerArgs).
+
+Each field carries its command-line help and group in its metadata, so
+`python -m engine.serve` builds its flags from this class (engine/server/config.py)
+and nothing restates the list of settings.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
+
+from engine.model.config import PRESETS
 
 SPEC_ALGORITHMS = ("NONE", "DFLASH")
 MAMBA_STRATEGIES = ("extra_buffer", "no_buffer")
+DRAFTER_MODES = ("model", "scripted")
+
+
+def setting(default, help: str, group: str, choices: tuple | None = None):
+    """A config field with its flag's help text, flag group and allowed values."""
+    return field(default=default, metadata={"help": help, "group": group, "choices": choices})
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Settings of one engine replica. Names mirror SGLang's server flags."""
+    """Settings of one engine replica. Names mirror SGLang's server flags (`--model-path` = model_path)."""
 
-    model_path: str = "default"  # "default" (committed trained weights), "random", or a weights directory
-    model_preset: str = "small"  # architecture used when model_path == "random"
-    seed: int = 0
-    tp_size: int = 1
-    speculative_algorithm: str = "NONE"
-    speculative_num_draft_tokens: int = 8  # DFlash block size B
-    drafter_mode: str = "model"  # "model" or "scripted" (test aid, see engine/spec/scripted.py)
-    scripted_accept: int = 0  # scripted mode: drafts that copy the target's greedy tokens per block
-    mamba_radix_cache_strategy: str = "extra_buffer"
-    mamba_track_interval: int = 256
-    page_size: int = 16
-    disable_radix_cache: bool = False
-    max_running_requests: int = 16
-    max_total_tokens: int = 65536  # KV pool capacity in tokens
-    max_state_slots: int = 0  # linear-state pool slots; 0 = derived from max_running_requests
-    chunked_prefill_size: int = 512
-    inject_fault: str | None = None
-    device: str = "cpu"
-    force_torch_kernels: bool = False  # use torch references even on CUDA (A/B checks)
+    model_path: str = setting("default", "'default' (committed trained weights, else random), 'random' (seeded "
+                              "random weights of --model-preset), or a weights directory", "model")
+    model_preset: str = setting("small", "architecture used with --model-path random", "model",
+                                tuple(sorted(PRESETS)))
+    seed: int = setting(0, "seed for random weights and default sampling seed", "model")
+    tp_size: int = setting(1, "tensor-parallel ranks", "model")
+    device: str = setting("cpu", "torch device ('cpu', 'cuda', 'cuda:1', ...)", "model")
+    force_torch_kernels: bool = setting(False, "use the torch reference kernels even on CUDA (A/B checks)", "model")
+    speculative_algorithm: str = setting("NONE", "DFLASH: block drafts verified in one target forward; NONE: plain "
+                                         "decoding", "speculative decoding", SPEC_ALGORITHMS)
+    speculative_num_draft_tokens: int = setting(8, "DFlash block size B (tokens drafted and verified per step)",
+                                                "speculative decoding")
+    drafter_mode: str = setting("model", "'model': the DFlash drafter network; 'scripted': drafts copied from the "
+                                "target (test aid, engine/spec/scripted.py)", "speculative decoding", DRAFTER_MODES)
+    scripted_accept: int = setting(0, "scripted drafter: drafts per block that match the target's greedy tokens "
+                                   "(-1 cycles 0..B-1)", "speculative decoding")
+    mamba_radix_cache_strategy: str = setting(
+        "extra_buffer", "extra_buffer: checkpoint the linear state every --mamba-track-interval tokens; no_buffer: "
+        "cache only the final state (needs --page-size 1)", "cache and memory", MAMBA_STRATEGIES)
+    mamba_track_interval: int = setting(256, "checkpoint interval I in tokens (a multiple of --page-size, >= the "
+                                        "block size)", "cache and memory")
+    page_size: int = setting(16, "KV cache page size in tokens", "cache and memory")
+    disable_radix_cache: bool = setting(False, "no prefix cache (the cold path)", "cache and memory")
+    max_running_requests: int = setting(16, "requests in the running batch at once; more wait in the queue",
+                                        "cache and memory")
+    max_total_tokens: int = setting(65536, "KV pool capacity in tokens", "cache and memory")
+    max_state_slots: int = setting(0, "linear-state pool slots (0: derived from --max-running-requests)",
+                                   "cache and memory")
+    chunked_prefill_size: int = setting(512, "prompt tokens prefilled per step (all requests together)",
+                                        "cache and memory")
+    inject_fault: str | None = setting(None, "inject a named bug (see the list below) so specgate can prove it "
+                                       "detects it", "testing")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -45,15 +71,10 @@ class EngineConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the offending setting (SGLang's checks plus ours)."""
-        if self.speculative_algorithm not in SPEC_ALGORITHMS:
-            raise ValueError(
-                f"speculative_algorithm must be one of {SPEC_ALGORITHMS}, got {self.speculative_algorithm!r}"
-            )
-        if self.mamba_radix_cache_strategy not in MAMBA_STRATEGIES:
-            raise ValueError(
-                f"mamba_radix_cache_strategy must be one of {MAMBA_STRATEGIES}, "
-                f"got {self.mamba_radix_cache_strategy!r}"
-            )
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
         for name in ("tp_size", "speculative_num_draft_tokens", "mamba_track_interval", "page_size",
                      "max_running_requests", "max_total_tokens", "chunked_prefill_size"):
             if getattr(self, name) < 1:
@@ -71,8 +92,6 @@ class EngineConfig:
             )
         if self.mamba_radix_cache_strategy == "no_buffer" and self.page_size != 1:
             raise ValueError(f"mamba_radix_cache_strategy 'no_buffer' requires page_size 1, got {self.page_size}")
-        if self.drafter_mode not in ("model", "scripted"):
-            raise ValueError(f"drafter_mode must be 'model' or 'scripted', got {self.drafter_mode!r}")
         if self.inject_fault is not None:
             from engine.faults import check_fault_name
 

@@ -6,14 +6,14 @@ import copy
 import math
 
 from engine import kernels
-from engine.api import GenerateOutput, GenerateRequest
 from engine.config import EngineConfig
-from engine.model.tokenizer import VOCAB_SIZE
-from engine.parallel import SINGLE, TPContext
+from engine.io_struct import GenerateOutput, GenerateRequest
 from engine.runner import ModelRunner
 from engine.sampling import sample
 from engine.scheduler import Scheduler
 from engine.spec.dflash import DFlashWorker
+from engine.tp.group import SINGLE, TPContext
+from protocol.tokenizer import VOCAB_SIZE
 
 
 def pool_slots(cfg: EngineConfig) -> int:

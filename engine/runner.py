@@ -18,7 +18,7 @@ from engine.model.config import HybridConfig, preset
 from engine.model.drafter import DFlashDrafter, random_drafter_state_dict
 from engine.model.hybrid import HybridLM, random_state_dict
 from engine.model.weights import WeightsError, load_config, load_full_state_dict, load_state
-from engine.parallel import SINGLE, TPContext
+from engine.tp.group import SINGLE, TPContext
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "default"
 

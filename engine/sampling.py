@@ -15,7 +15,7 @@ def logprob_info(logits: torch.Tensor, token: int, top_k: int) -> tuple[float, l
     return float(lp[token]), top
 
 
-GREEDY_BELOW = 1e-5  # smaller temperatures overflow softmax(logits / T); they mean greedy anyway
+GREEDY_BELOW = 1e-6  # SGLang's _SAMPLING_EPS: smaller temperatures are greedy (logits / T would overflow)
 
 
 def sample(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:

@@ -14,12 +14,13 @@ from collections import deque
 
 import torch
 
-from engine.api import GenerateOutput, GenerateRequest
 from engine.cache.radix import RadixCache
 from engine.config import EngineConfig
-from engine.model.tokenizer import EOS_ID, TOKENIZER
-from engine.request import Req
+from engine.faults import INSERT_WORKING_STATE, active
+from engine.io_struct import GenerateOutput, GenerateRequest
+from engine.req import Req
 from engine.sampling import logprob_info
+from protocol.tokenizer import BYTE_TOKENIZER, EOS_ID
 
 
 class CapacityError(ValueError):
@@ -170,8 +171,8 @@ class Scheduler:
             out.finish_reason = {"type": "stop", "matched": token}
         elif token in sp.stop_token_ids:
             out.finish_reason = {"type": "stop", "matched": token}
-        elif sp.stop and any(s in TOKENIZER.decode(out.output_ids[-64:]) for s in sp.stop):
-            matched = next(s for s in sp.stop if s in TOKENIZER.decode(out.output_ids[-64:]))
+        elif sp.stop and any(s in BYTE_TOKENIZER.decode(out.output_ids[-64:]) for s in sp.stop):
+            matched = next(s for s in sp.stop if s in BYTE_TOKENIZER.decode(out.output_ids[-64:]))
             out.finish_reason = {"type": "stop", "matched": matched}
         elif len(out.output_ids) >= sp.max_new_tokens:
             out.finish_reason = {"type": "length", "length": len(out.output_ids)}
@@ -231,7 +232,7 @@ class Scheduler:
         """(prefix length, state slot) to insert into the radix cache when r finishes."""
         if self.cfg.mamba_radix_cache_strategy == "no_buffer":
             return r.seq_len, r.working_slot
-        if self.cfg.inject_fault == "insert-working-state":
+        if active(self.cfg, INSERT_WORKING_STATE):
             return r.last_track_seqlen, r.working_slot if r.last_track_slot is not None else None
         return r.last_track_seqlen, r.last_track_slot
 

@@ -1,66 +1,85 @@
-"""RunConfig: every setting of a harness run, from CLI flags and/or a TOML file, validated here.
+"""RunConfig: every setting of a harness run, validated here (the command line is harness/cli.py).
 
-Precedence: built-in defaults < `--config run.toml` < `RAY_ADDRESS` (address only)
-< explicit CLI flags. Every flag `--foo-bar` has the TOML key `foo_bar`.
+Each field carries its kind (how a flag or TOML value is parsed) and its help in
+its metadata, so a setting is declared once. Every flag `--foo-bar` has the TOML
+key `foo_bar`.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import shlex
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from reports.gate import GateThresholds
+
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd")  # ints: comma list; strs: repeatable; cmd: argv
 
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "intervals", "concurrency", "block_size", "model_path",
                 "model_preset", "inject_fault", "page_size", "tp_size", "server_command")
+GATE = GateThresholds()  # the gate's defaults, defined once in reports/gate.py
 
 
 class ConfigError(ValueError):
     """A setting is missing, malformed or inconsistent; the message names it."""
 
 
+def setting(default, kind: str, help: str):
+    """A RunConfig field: its default, how its flag / TOML value is parsed, and its help."""
+    assert kind in KINDS, kind
+    return field(default=default, metadata={"kind": kind, "help": help})
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """One harness run: workload, sweep, pools, cluster, run directory and gate thresholds."""
 
-    suite: str = "frozen"  # frozen, load, or a user workload file
-    num_requests: int | None = None  # size of the load suite (None: the suite's default)
-    intervals: tuple[int, ...] = (128, 256)  # one candidate pool per mamba track interval
-    concurrency: tuple[int, ...] = (1, 4, 8, 16)  # sweep points, requests in flight per pool
-    replicas: int = 1  # replicas per candidate pool
-    reference_replicas: int = 1
-    tp_size: int = 1
-    block_size: int = 8  # DFlash block size B (--speculative-num-draft-tokens)
-    model_path: str = "default"
-    model_preset: str | None = None  # architecture for --model-path random
-    inject_fault: str | None = None  # candidates only; the reference stays the clean oracle
-    page_size: int | None = None  # None: the engine's default
-    address: str | None = None  # Ray cluster address; None: `auto` on a ray-up node, else a local Ray
-    num_cpus: int | None = None  # logical CPUs of a local Ray
-    placement: str = "STRICT_PACK"  # placement-group strategy of one replica's bundles (TP ranks)
-    runs_dir: str = "runs"
-    run_id: str | None = None
-    resume: str | None = None  # run directory to finish
-    endpoint: tuple[str, ...] = ()  # external candidate servers (no Ray then)
-    reference_endpoint: tuple[str, ...] = ()
-    api_key: str | None = None
-    request_timeout: float = 600.0  # seconds per request
-    startup_timeout: float = 600.0  # seconds for a replica to become healthy (also after a restart)
-    max_retries: int = 3  # re-sends of one request after replica failures
-    reference_concurrency: int = 8  # reference requests in flight
-    sequential_pools: bool = False  # run interval pools one after another instead of together
-    server_command: tuple[str, ...] | None = None  # replica server command; None: python -m engine.serve
-    margin_threshold: float = 0.5
-    max_soft_rate: float = 0.02
-    max_hard: int = 0
-    max_errors: int = 0
-    dry_run: bool = False
-    no_progress: bool = False
+    suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
+    num_requests: int | None = setting(None, "int", "requests of the load suite")
+    intervals: tuple[int, ...] = setting((128, 256), "ints", "mamba track intervals; one candidate pool each")
+    concurrency: tuple[int, ...] = setting((1, 4, 8, 16), "ints", "sweep points: requests in flight per pool")
+    replicas: int = setting(1, "int", "replicas per candidate pool")
+    reference_replicas: int = setting(1, "int", "replicas of the reference (cold-path) pool")
+    tp_size: int = setting(1, "int", "tensor-parallel ranks per replica")
+    block_size: int = setting(8, "int", "DFlash block size B (--speculative-num-draft-tokens)")
+    model_path: str = setting("default", "str", "default (bundled weights), random, or a weights directory")
+    model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)")
+    inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
+                                       "the reference stays the clean oracle")
+    page_size: int | None = setting(None, "int", "KV page size of the replicas (engine default if unset)")
+    address: str | None = setting(None, "str", "Ray cluster address (else RAY_ADDRESS, else auto on a `ray up` "
+                                  "node, else a local Ray)")
+    num_cpus: int | None = setting(None, "int", "logical CPUs of a local Ray (default: enough for every replica, "
+                                   "at least the machine's cores)")
+    placement: str = setting("STRICT_PACK", "str", "placement-group strategy of a replica's bundles (one per TP "
+                             "rank)")
+    runs_dir: str = setting("runs", "str", "where run directories go")
+    run_id: str | None = setting(None, "str", "name of the run directory (default: UTC time + random suffix)")
+    resume: str | None = setting(None, "str", "finish the interrupted run in RUN_DIR")
+    endpoint: tuple[str, ...] = setting((), "strs", "an already-running candidate server (repeatable); no Ray "
+                                        "replicas then")
+    reference_endpoint: tuple[str, ...] = setting((), "strs", "an already-running cold-path server (repeatable)")
+    api_key: str | None = setting(None, "str", "sent as 'Authorization: Bearer KEY' (and given to built-in "
+                                  "replicas)")
+    request_timeout: float = setting(600.0, "float", "seconds per request")
+    startup_timeout: float = setting(600.0, "float", "seconds for a replica to become healthy, also after a "
+                                     "restart")
+    max_retries: int = setting(3, "int", "re-sends of a request after replica failures")
+    reference_concurrency: int = setting(8, "int", "reference requests in flight")
+    sequential_pools: bool = setting(False, "bool", "run the interval pools one after another (default: "
+                                     "together)")
+    server_command: tuple[str, ...] | None = setting(
+        None, "cmd", "replica server command (default: 'python -m engine.serve'; a leading python is the "
+        "replica's interpreter)")
+    margin_threshold: float = setting(GATE.margin_threshold, "float", "gate: top-1/top-2 log-prob margin below "
+                                      "which a flip is soft")
+    max_soft_rate: float = setting(GATE.max_soft_rate, "float", "gate: largest allowed fraction of soft flips")
+    max_hard: int = setting(GATE.max_hard, "int", "gate: largest allowed number of hard mismatches")
+    max_errors: int = setting(GATE.max_errors, "int", "gate: largest allowed number of failed requests")
+    dry_run: bool = setting(False, "bool", "print the plan and exit")
+    no_progress: bool = setting(False, "bool", "no live progress bar")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -70,6 +89,12 @@ class RunConfig:
         """True when driving already-running servers instead of built-in replicas."""
         return bool(self.endpoint)
 
+    @property
+    def gate(self) -> GateThresholds:
+        """The gate's thresholds for this run."""
+        return GateThresholds(max_hard=self.max_hard, max_errors=self.max_errors, max_soft_rate=self.max_soft_rate,
+                              margin_threshold=self.margin_threshold)
+
     def to_json(self) -> dict:
         """The config as JSON-ready values, the API key redacted."""
         d = asdict(self)
@@ -78,108 +103,12 @@ class RunConfig:
         return d
 
 
-# kind of each field for parsing: int, float, str, bool, ints (comma list), strs (repeatable), cmd
-_KINDS = {
-    "suite": "str", "num_requests": "int", "intervals": "ints", "concurrency": "ints", "replicas": "int",
-    "reference_replicas": "int", "tp_size": "int", "block_size": "int", "model_path": "str",
-    "model_preset": "str", "inject_fault": "str", "page_size": "int", "address": "str", "num_cpus": "int",
-    "placement": "str", "runs_dir": "str", "run_id": "str", "resume": "str", "endpoint": "strs",
-    "reference_endpoint": "strs", "api_key": "str", "request_timeout": "float", "startup_timeout": "float",
-    "max_retries": "int", "reference_concurrency": "int", "sequential_pools": "bool", "server_command": "cmd",
-    "margin_threshold": "float", "max_soft_rate": "float", "max_hard": "int", "max_errors": "int",
-    "dry_run": "bool", "no_progress": "bool",
-}
-assert set(_KINDS) == {f.name for f in fields(RunConfig)}
-
-_HELP = {
-    "suite": "workload: frozen, load, or a JSONL file (workloads/README.md)",
-    "num_requests": "requests of the load suite",
-    "intervals": "mamba track intervals; one candidate pool each",
-    "concurrency": "sweep points: requests in flight per pool",
-    "replicas": "replicas per candidate pool",
-    "reference_replicas": "replicas of the reference (cold-path) pool",
-    "tp_size": "tensor-parallel ranks per replica",
-    "block_size": "DFlash block size B (--speculative-num-draft-tokens)",
-    "model_path": "default (bundled weights), random, or a weights directory",
-    "model_preset": "architecture for --model-path random (tiny, small)",
-    "inject_fault": "a named fault (engine/faults.py) for the candidate pools",
-    "page_size": "KV page size of the replicas (engine default if unset)",
-    "address": "Ray cluster address (else RAY_ADDRESS, else auto on a `ray up` node, else a local Ray)",
-    "num_cpus": "logical CPUs of a local Ray (default: enough for every replica, at least the machine's cores)",
-    "placement": "placement-group strategy of a replica's bundles (one per TP rank)",
-    "runs_dir": "where run directories go",
-    "run_id": "name of the run directory (default: UTC time + random suffix)",
-    "resume": "finish the interrupted run in RUN_DIR",
-    "endpoint": "an already-running candidate server (repeatable); no Ray replicas then",
-    "reference_endpoint": "an already-running cold-path server (repeatable)",
-    "api_key": "sent as 'Authorization: Bearer KEY' (and given to built-in replicas)",
-    "request_timeout": "seconds per request",
-    "startup_timeout": "seconds for a replica to become healthy, also after a restart",
-    "max_retries": "re-sends of a request after replica failures",
-    "reference_concurrency": "reference requests in flight",
-    "sequential_pools": "run the interval pools one after another (default: together)",
-    "server_command": "replica server command (default: 'python -m engine.serve'; a leading python is the "
-                      "replica's interpreter)",
-    "margin_threshold": "gate: top-1/top-2 log-prob margin below which a flip is soft",
-    "max_soft_rate": "gate: largest allowed fraction of soft flips",
-    "max_hard": "gate: largest allowed number of hard mismatches",
-    "max_errors": "gate: largest allowed number of failed requests",
-    "dry_run": "print the plan and exit",
-    "no_progress": "no live progress bar",
-}
-assert set(_HELP) == set(_KINDS)
+def kind_of(name: str) -> str:
+    return RunConfig.__dataclass_fields__[name].metadata["kind"]
 
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _convert(name: str, value: object, source: str) -> object:
-    """Turn a CLI string or TOML value into the field's type, or raise ConfigError naming it."""
-    kind = _KINDS[name]
-    where = flag(name) if source == "cli" else f"{source}: key '{name}'"
-    try:
-        if kind == "bool":
-            if not isinstance(value, bool):
-                raise TypeError("expected true or false")
-            return value
-        if kind == "int":
-            if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().lstrip(
-                    "+-").isdigit():
-                raise TypeError("expected an integer")
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise TypeError("expected a number")
-            try:
-                return float(value)
-            except ValueError:
-                raise TypeError("expected a number") from None
-        if kind == "str":
-            if not isinstance(value, str):
-                raise TypeError("expected a string")
-            return value
-        if kind == "ints":
-            items = value.split(",") if isinstance(value, str) else value
-            if not isinstance(items, (list, tuple)):
-                raise TypeError("expected a list of integers")
-            try:
-                return tuple(int(str(v).strip()) for v in items)
-            except ValueError:
-                raise ValueError("expected comma-separated integers") from None
-        if kind == "strs":
-            items = [value] if isinstance(value, str) else value
-            if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
-                raise TypeError("expected a string or a list of strings")
-            return tuple(items)
-        if kind == "cmd":
-            items = shlex.split(value) if isinstance(value, str) else value
-            if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) for v in items):
-                raise TypeError("expected a command line (string or list of strings)")
-            return tuple(items)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{where}: {e} (got {value!r})") from None
-    raise AssertionError(kind)
 
 
 def validate(c: RunConfig) -> None:
@@ -213,6 +142,13 @@ def validate(c: RunConfig) -> None:
     need(c.page_size is None or c.page_size >= 1, f"--page-size must be >= 1, got {c.page_size}")
     need(c.model_preset is None or c.model_path == "random",
          f"--model-preset applies to --model-path random only (model path is {c.model_path!r})")
+    if c.inject_fault is not None:
+        from engine.faults import check_fault_name
+
+        try:
+            check_fault_name(c.inject_fault)
+        except ValueError as e:
+            raise ConfigError(f"--inject-fault: {e}") from None
     for url in c.endpoint + c.reference_endpoint:
         need(re.match(r"^https?://[^/\s]+", url) is not None,
              f"--endpoint / --reference-endpoint must be http(s)://host:port URLs, got {url!r}")
@@ -224,69 +160,6 @@ def validate(c: RunConfig) -> None:
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The CLI; every option defaults to 'not given' so a config file can supply it."""
-    p = argparse.ArgumentParser(
-        prog="python -m harness.run", argument_default=argparse.SUPPRESS, allow_abbrev=False,
-        description="Run specgate: candidate pools (DFlash + radix cache) against the cold-path reference, "
-                    "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error.")
-    p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the settings below "
-                   "(keys are the flag names with '_'); flags given here override it")
-    d = RunConfig.__dataclass_fields__
-    for name, kind in _KINDS.items():
-        default = d[name].default
-        if isinstance(default, tuple):
-            default = ",".join(map(str, default))
-        help_text = _HELP[name] + (f" (default: {default})" if default not in (None, "", False) else "")
-        if kind == "bool":
-            p.add_argument(flag(name), action="store_const", const=True, help=help_text)
-        elif kind == "strs":
-            p.add_argument(flag(name), action="append", metavar="URL", help="repeatable")
-        elif kind == "ints":
-            p.add_argument(flag(name), metavar="N,N,...", help=help_text)
-        elif name == "placement":
-            p.add_argument(flag(name), choices=PLACEMENTS, help=help_text)
-        else:
-            p.add_argument(flag(name), metavar=kind.upper() if kind != "cmd" else "'CMD ARGS'", help=help_text)
-    return p
-
-
-def load_toml(path: str | Path) -> dict:
-    """The settings of a TOML config file, converted and checked against the known keys."""
-    try:
-        import tomllib
-    except ModuleNotFoundError as e:  # Python 3.10
-        raise ConfigError("--config needs Python >= 3.11 (tomllib)") from e
-    try:
-        raw = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read ({e.strerror})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
-    unknown = sorted(set(raw) - set(_KINDS))
-    if unknown:
-        raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}; "
-                          f"valid keys: {', '.join(sorted(_KINDS))}")
-    return {k: _convert(k, v, str(path)) for k, v in raw.items()}
-
-
-def from_argv(argv: list[str] | None, environ: Mapping[str, str]) -> tuple[RunConfig, set[str]]:
-    """Parse CLI flags (and the config file they name); return the config and the explicitly given keys."""
-    ns = vars(build_parser().parse_args(argv))
-    values = load_toml(ns.pop("config")) if "config" in ns else {}
-    explicit = set(values) | set(ns)
-    if "run_id" in explicit and "resume" in explicit:
-        raise ConfigError("--run-id and --resume exclude each other (a resume keeps its run id)")
-    if "address" not in values and environ.get("RAY_ADDRESS"):
-        values["address"] = environ["RAY_ADDRESS"]
-    values.update({k: _convert(k, v, "cli") for k, v in ns.items()})
-    if values.get("endpoint"):
-        values["endpoint"] = tuple(u.rstrip("/") for u in values["endpoint"])
-    if values.get("reference_endpoint"):
-        values["reference_endpoint"] = tuple(u.rstrip("/") for u in values["reference_endpoint"])
-    return RunConfig(**values), explicit
-
-
 def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path) -> RunConfig:
     """The config of a resumed run: the saved one, with only runtime settings taken from `given`.
 
@@ -295,8 +168,7 @@ def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path)
     known = {f.name for f in fields(RunConfig)}
     base = {k: v for k, v in saved.items() if k in known}
     for k, v in base.items():
-        kind = _KINDS[k]
-        if v is not None and kind in ("ints", "strs", "cmd"):
+        if v is not None and kind_of(k) in ("ints", "strs", "cmd"):
             base[k] = tuple(v)
     for k in sorted(explicit - {"resume"}):
         if k in RESUME_FIXED and getattr(given, k) != base.get(k):

@@ -11,62 +11,18 @@ reference request for the whole run. Records are written as answers arrive.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator
 from functools import partial
 
 import aiohttp
-from tqdm import tqdm
 
-from harness import client
-from harness.cluster import Pool, Replica
-from harness.records import build_record, candidate_key, reference_key, turn_input
-from harness.rundir import REFERENCE_FILE, RecordFiles, candidate_file, input_hash
-
-
-class Progress:
-    """Counters of the run so far, shown as a live tqdm bar (or per-sweep-point lines only)."""
-
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
-        self.enabled = enabled
-        self.done = initial  # candidate records, including those of an earlier (resumed) process
-        self.errors = self.mismatches = self.retries = self.references = 0
-        # a pty that reports a 0x0 size would make tqdm hide the bar; shutil falls back to 110x24
-        size = shutil.get_terminal_size((110, 24))
-        self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="req", desc="candidates",
-                        ncols=size.columns, nrows=size.lines)
-
-    def _refresh(self) -> None:
-        self.bar.set_postfix(errors=self.errors, mismatches=self.mismatches, retries=self.retries,
-                             refs=self.references, refresh=False)
-
-    def candidate(self, record: dict) -> None:
-        self.done += 1
-        self.errors += record["error"] is not None
-        self.bar.update(1)
-        self._refresh()
-
-    def reference(self, record: dict) -> None:
-        self.references += 1
-        self._refresh()
-
-    def retry(self) -> None:
-        self.retries += 1
-        self._refresh()
-
-    def mismatch(self) -> None:
-        self.mismatches += 1
-        self._refresh()
-
-    def write(self, line: str) -> None:
-        if self.enabled:
-            tqdm.write(line)
-        else:
-            print(line, flush=True)
-
-    def close(self) -> None:
-        self.bar.close()
+from harness.backends import sglang as client
+from harness.pools import Pool, Replica
+from harness.progress import Progress
+from records.jsonl import RecordFiles
+from records.rundir import REFERENCE_FILE, candidate_file, input_hash
+from records.schema import build_record, candidate_key, reference_key
 
 
 def differs(candidate: dict, reference: dict) -> bool:
@@ -150,7 +106,7 @@ class Driver:
             rec = self.existing.get(key)
             if rec is None:
                 if failed is None:
-                    ids = turn_input(session, n, prev_input, prev_output)
+                    ids = session.turn_input(n, prev_input, prev_output)
                     rec = await self.candidate(pool, concurrency, index, session, n, ids, key)
                 else:
                     rec = self._record(pool, None, concurrency, session, n, [], turn.max_new_tokens, None,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.config import EngineConfig
+from engine.server.config import to_argv
 from harness.config import RunConfig
 
 REFERENCE_POOL = "reference"
@@ -41,22 +43,31 @@ def reference_engine(cfg: RunConfig) -> EngineSpec:
     return EngineSpec(None, None, None, cfg.tp_size, None, False, False)
 
 
-def server_args(cfg: RunConfig, engine: EngineSpec) -> list[str]:
-    """`engine.serve` flags for a pool (host and port are added per replica)."""
-    args = ["--model-path", cfg.model_path, "--tp-size", str(cfg.tp_size)]
+def engine_config(cfg: RunConfig, engine: EngineSpec) -> EngineConfig:
+    """The built-in engine's settings for a pool's replicas (what their ranks and servers are built from)."""
+    kw: dict = {"model_path": cfg.model_path, "tp_size": cfg.tp_size}
     if cfg.model_preset:
-        args += ["--model-preset", cfg.model_preset]
+        kw["model_preset"] = cfg.model_preset
     if cfg.page_size:
-        args += ["--page-size", str(cfg.page_size)]
+        kw["page_size"] = cfg.page_size
     if engine.speculative:
-        args += ["--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", str(engine.block_size),
-                 "--mamba-radix-cache-strategy", engine.strategy, "--mamba-track-interval", str(engine.interval)]
+        kw.update(speculative_algorithm="DFLASH", speculative_num_draft_tokens=engine.block_size,
+                  mamba_radix_cache_strategy=engine.strategy, mamba_track_interval=engine.interval)
     else:
         # the interval is unused without a radix cache, but must still satisfy the engine's page check
-        args += ["--speculative-algorithm", "NONE", "--disable-radix-cache",
-                 "--mamba-track-interval", str(cfg.intervals[0])]
+        kw.update(speculative_algorithm="NONE", disable_radix_cache=True, mamba_track_interval=cfg.intervals[0])
     if engine.fault:
-        args += ["--inject-fault", engine.fault]
+        kw["inject_fault"] = engine.fault
+    return EngineConfig(**kw)
+
+
+# flags every replica command spells out, default or not, so a record's server line says what ran
+ROLE_FLAGS = ("model_path", "tp_size", "speculative_algorithm", "mamba_track_interval")
+
+
+def server_args(cfg: RunConfig, engine: EngineSpec) -> list[str]:
+    """`engine.serve` flags for a pool (host and port are added per replica)."""
+    args = to_argv(engine_config(cfg, engine), always=ROLE_FLAGS)
     if cfg.api_key:
         args += ["--api-key", cfg.api_key]
     return args

@@ -62,10 +62,11 @@ def log_tail(path: Path) -> str:
 
 
 class ReplicaServer:
-    """Actor body (wrapped with ray.remote by harness.cluster): owns one server subprocess."""
+    """Actor body (wrapped with ray.remote by harness.pools): owns one server subprocess."""
 
     def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
-                 startup_timeout: float, log_dir: str) -> None:
+                 startup_timeout: float, log_dir: str, engine_cfg: dict | None = None) -> None:
+        """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it)."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -79,7 +80,8 @@ class ReplicaServer:
         self.workdir = workdir if workdir and os.path.isdir(workdir) else None
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         self.ranks: list = []
-        tp_size = int(args[args.index("--tp-size") + 1]) if "--tp-size" in args else 1
+        self.engine_cfg = engine_cfg
+        tp_size = int((engine_cfg or {}).get("tp_size", 1))
         last_error = ""
         for attempt in range(3):  # a port can be taken between free_port() and the server's bind
             self.port = free_port(self.host)
@@ -91,7 +93,7 @@ class ReplicaServer:
                 cmd += ["--tp-rendezvous", f"{self.host}:{rendezvous}"]
             self._start(cmd)
             if tp_size > 1:
-                self._start_ranks(args, tp_size, rendezvous)
+                self._start_ranks(tp_size, rendezvous)
             last_error = self._wait_healthy(startup_timeout)
             if not last_error:
                 self._serving = True
@@ -132,30 +134,23 @@ class ReplicaServer:
         if failure:
             raise RuntimeError(f"replica {self.replica_id}: cannot start {cmd[0]}: {failure[0]}")
 
-    def _start_ranks(self, args: list[str], tp_size: int, port: int) -> None:
+    def _start_ranks(self, tp_size: int, port: int) -> None:
         """Ranks 1..N-1 as Ray actors in bundles 1..N-1 of this replica's placement group.
 
         They join rank 0 (the server this actor started, in bundle 0) at host:port; rank 0's
         address is this node's, i.e. bundle 0's.
         """
-        import dataclasses
-
         import ray
         from ray.util import get_current_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from engine.serve import build_parser, config_from_args
-        from engine.tp_serve import RankActor
-
-        parser = build_parser()
-        cfg = config_from_args(parser.parse_args(list(args)), parser)
         pg = get_current_placement_group()
         cls = ray.remote(num_cpus=1, max_restarts=0)(RankActor)
         for a in self.ranks:
             ray.kill(a, no_restart=True)
         self.ranks = [
             cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r))
-            .remote(dataclasses.asdict(cfg), r, tp_size, self.host, port)
+            .remote(self.engine_cfg, r, tp_size, self.host, port)
             for r in range(1, tp_size)
         ]
 
@@ -203,3 +198,29 @@ class ReplicaServer:
 
         for a in self.ranks:
             ray.kill(a, no_restart=True)
+
+
+class RankActor:
+    """Ray actor body for ranks 1..N-1 of a tensor-parallel replica (wrapped with ray.remote above).
+
+    It builds its shard from the replica's EngineConfig, joins rank 0's group at the
+    replica's rendezvous address and replays its calls on a thread; if the group fails
+    (rank 0 gone), the actor exits so nothing is left behind.
+    """
+
+    def __init__(self, engine_cfg: dict, rank: int, size: int, addr: str, port: int):
+        from engine.config import EngineConfig
+        from engine.tp.ranks import RankWorker
+
+        cfg = EngineConfig(**engine_cfg)
+
+        def run() -> None:
+            try:
+                RankWorker(cfg, rank, size, addr, port).serve_forever()
+            except BaseException:  # rank 0 vanished: nothing left to serve
+                os._exit(1)
+
+        threading.Thread(target=run, name=f"tp-rank{rank}", daemon=True).start()
+
+    def ping(self) -> int:
+        return os.getpid()

@@ -14,18 +14,25 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 
 import aiohttp
 
-from harness import client
-from harness.cluster import HarnessError, Pool, RayPools, external_pools
-from harness.config import ConfigError, RunConfig, for_resume, from_argv
-from harness.driver import Driver, Progress
+from harness.backends import sglang as client
+from harness.cli import from_argv
+from harness.config import ConfigError, RunConfig, for_resume
+from harness.driver import Driver
 from harness.plan import Plan, builtin_plan, external_plan
-from harness.rundir import RecordFiles, create_run_dir, new_run_id, read_run_records, update_latest, write_json
+from harness.pools import HarnessError, Pool, external_pools
+from harness.progress import Progress
+from harness.ray_pools import RayPools
+from records.jsonl import RecordFiles, load_run
+from records.rundir import create_run_dir, new_run_id, update_latest, write_json
+from reports.gate import EXIT_HARNESS_FAILED, EXIT_PASS
+from reports.render import render_run
 
-EXIT_PASS, EXIT_GATE, EXIT_HARNESS, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_INTERRUPTED = 130  # Ctrl-C; the run can be finished with --resume
 
 
 def load_sessions(cfg: RunConfig) -> list:
@@ -34,11 +41,6 @@ def load_sessions(cfg: RunConfig) -> list:
 
     kwargs = {"num_requests": cfg.num_requests} if cfg.num_requests else {}
     return list(load_suite(cfg.suite, **kwargs))
-
-
-def gate_thresholds(cfg: RunConfig) -> dict:
-    return {"max_hard": cfg.max_hard, "max_errors": cfg.max_errors, "max_soft_rate": cfg.max_soft_rate,
-            "margin_threshold": cfg.margin_threshold}
 
 
 async def fetch_infos(urls: tuple[str, ...], api_key: str | None, generate_probe: bool) -> dict[str, dict]:
@@ -77,7 +79,7 @@ def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: 
         "resumed": old.get("resumed", []) + ([time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())] if resumed
                                              else []),
         "run_config": cfg.to_json(),
-        "gate": gate_thresholds(cfg),
+        "gate": asdict(cfg.gate),
         "pools": {p.name: {"role": p.role, "engine": p.engine.record(), "server_info": p.server_info,
                            "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id}
                                         for r in p.replicas]} for p in pools},
@@ -92,7 +94,8 @@ def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: 
 async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_dir: Path, run_id: str,
                 resumed: bool, infos: dict[str, dict]) -> Progress:
     """Read each pool's /server_info, write config.json, run the driver; return the final counters."""
-    existing, existing_refs = read_run_records(run_dir)
+    recorded = load_run(run_dir)
+    existing, existing_refs = recorded.candidates_by_key(), recorded.references
     tokenizers = {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for pool in (*cands, ref):
@@ -125,18 +128,12 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
 def render(run_dir: Path, cfg: RunConfig) -> int:
     """Tables, plots, report and the gate's verdict; returns the exit status."""
     try:
-        from harness.gate import GateThresholds
-        from reports.render import render_run
-    except ImportError as e:
-        print(f"specgate: cannot report ({e}); the records are in {run_dir / 'records'}", file=sys.stderr)
-        return EXIT_HARNESS
-    try:
-        verdict = render_run(run_dir, GateThresholds(**gate_thresholds(cfg)))
+        verdict = render_run(run_dir, cfg.gate)
     except Exception:  # noqa: BLE001 - a report failure must not read as a gate verdict
         traceback.print_exc()
         print(f"specgate: error: rendering the report failed; rebuild it with python -m reports.render {run_dir}",
               file=sys.stderr)
-        return EXIT_HARNESS
+        return EXIT_HARNESS_FAILED
     print(verdict.headline)
     print(f"report: {run_dir / 'report.html'}")
     return verdict.exit_code
@@ -171,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_PASS
     except (ConfigError, HarnessError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
-        return EXIT_HARNESS
+        return EXIT_HARNESS_FAILED
     run_dir = Path(cfg.resume) if cfg.resume else None
     try:
         if run_dir is None:
@@ -191,16 +188,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except (HarnessError, FileExistsError, client.RequestError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
-        return EXIT_HARNESS
+        return EXIT_HARNESS_FAILED
     except Exception:  # noqa: BLE001 - a harness bug must not look like a gate verdict
         traceback.print_exc()
         print(f"specgate: error: the harness failed; records so far are in {run_dir}", file=sys.stderr)
-        return EXIT_HARNESS
+        return EXIT_HARNESS_FAILED
     print(f"candidates: {progress.done} recorded, {progress.errors} errors, {progress.mismatches} mismatches "
           f"(output ids differ from the reference), {progress.retries} retries")
     if progress.done == 0:
         print("specgate: error: no candidate records", file=sys.stderr)
-        return EXIT_HARNESS
+        return EXIT_HARNESS_FAILED
     return render(run_dir, cfg)
 
 

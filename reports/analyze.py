@@ -1,10 +1,8 @@
-"""Classify each candidate record against its cold-path reference and attribute it to boundaries.
+"""Analyze a run: classify every candidate record (reports/oracle.py) and attribute it to boundaries.
 
-DESIGN.md 3.3. Classes: `exact` (same tokens), `soft` (the reference's top-1/top-2
-log-prob margin at the first divergence is strictly below the threshold: a numerics
-flip), `hard` (any other divergence: the signature of a state bug), `error` (the
-request, or its reference, failed or is missing). Positions are 0-based sequence
-indices: output token p sits at sequence index `input_len + p`.
+DESIGN.md 3.3. The result is the requests frame (REQUEST_COLUMNS), one row per
+candidate. Positions are 0-based sequence indices: output token p sits at
+sequence index `input_len + p`.
 """
 
 from __future__ import annotations
@@ -15,7 +13,8 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-CLASSES = ("exact", "soft", "hard", "error")
+from protocol.boundaries import boundaries_between, boundary_step, crossed_boundary, nearest_boundary_offset
+from reports.oracle import MARGIN_THRESHOLD, classify
 
 # requests.csv columns, in order (documented in docs/reports.md).
 REQUEST_COLUMNS = [
@@ -57,110 +56,23 @@ class Crossing:
     tracked_agrees: bool | None = None
 
 
-@dataclass(frozen=True)
-class Classification:
-    """The outcome of comparing one candidate output with its reference."""
-
-    cls: str
-    detail: str
-    first_divergence: int | None = None
-    ref_margin: float | None = None
-    cand_rank: int | None = None
-    cand_token: int | None = None
-    ref_token: int | None = None
-
-
-def nearest_boundary_offset(pos: int, interval: int) -> int:
-    """Signed offset of `pos` from the nearest multiple of `interval`, in (-I/2, I/2].
-
-    Positive means past the boundary: 257 -> +1 and 255 -> -1 at I=256.
-    """
-    r = pos % interval
-    return r if 2 * r <= interval else r - interval
-
-
-def first_divergence(cand: Sequence[int], ref: Sequence[int]) -> int | None:
-    """First output index where the two token lists differ (shorter length if one is a prefix); None if equal."""
-    for i, (a, b) in enumerate(zip(cand, ref, strict=False)):
-        if a != b:
-            return i
-    return None if len(cand) == len(ref) else min(len(cand), len(ref))
-
-
-def _sorted_top(top: Sequence | None) -> list[tuple[float, int]]:
-    if not top:
-        return []
-    entries = [(float(e[0]), int(e[1])) for e in top if e is not None and e[0] is not None]
-    return sorted(entries, key=lambda e: -e[0])
-
-
-def top_margin(top: Sequence | None) -> float | None:
-    """Top-1 minus top-2 log-prob of one position's top-k `[[logprob, token_id], ...]`; None if k < 2."""
-    entries = _sorted_top(top)
-    return entries[0][0] - entries[1][0] if len(entries) >= 2 else None
-
-
-def token_rank(top: Sequence | None, token: int) -> int | None:
-    """1-based rank of `token` in one position's top-k (1 = top-1); None if absent."""
-    for rank, (_, tok) in enumerate(_sorted_top(top), start=1):
-        if tok == token:
-            return rank
-    return None
-
-
-def _at(seq: Sequence | None, i: int):
-    return seq[i] if seq is not None and 0 <= i < len(seq) else None
-
-
-def classify(cand: dict, ref: dict | None, threshold: float = 0.5) -> Classification:
-    """DESIGN.md 3.3 classification of one candidate record against its reference record."""
-    if cand.get("error"):
-        return Classification("error", f"candidate error: {cand['error']}")
-    if ref is None:
-        return Classification("error", "no reference")
-    if ref.get("error"):
-        return Classification("error", f"reference error: {ref['error']}")
-    c_out = list(cand.get("output_ids") or [])
-    r_out = list(ref.get("output_ids") or [])
-    p = first_divergence(c_out, r_out)
-    if p is None:
-        return Classification("exact", "")
-    ref_top = _at(ref.get("output_top_logprobs"), p)
-    margin = top_margin(ref_top)
-    cand_token, ref_token = _at(c_out, p), _at(r_out, p)
-    rank = token_rank(ref_top, cand_token) if cand_token is not None else None
-    fields = dict(first_divergence=p, ref_margin=margin, cand_rank=rank, cand_token=cand_token,
-                  ref_token=ref_token)
-    if cand_token is None or ref_token is None:
-        # One output is a strict prefix of the other: no token flip to weigh, so not a numerics flip.
-        return Classification("hard", f"length: candidate {len(c_out)} vs reference {len(r_out)} tokens",
-                              **fields)
-    if margin is None:
-        return Classification("hard", "reference top-2 log-probs missing at divergence", **fields)
-    if margin < threshold:
-        return Classification("soft", f"margin {margin:.4g} < {threshold:g}", **fields)
-    return Classification("hard", f"margin {margin:.4g} >= {threshold:g}", **fields)
-
-
 def verify_crossings(spec_trace: Iterable[Sequence[int]], interval: int) -> list[Crossing]:
     """Boundaries crossed inside verify steps `[pre_len, commit_len, tracked_step]` (DESIGN.md 1)."""
     out = []
     for entry in spec_trace:
         pre, commit = int(entry[0]), int(entry[1])
         tracked = int(entry[2]) if len(entry) > 2 and entry[2] is not None else None
-        post = pre + commit
-        if pre // interval == post // interval:
+        boundary = crossed_boundary(pre, pre + commit, interval)  # with commit_len <= I one boundary at most
+        if boundary is None:
             continue
-        boundary = post // interval * interval  # with commit_len <= I only one boundary fits
-        step = boundary - pre - 1
+        step = boundary_step(pre, boundary)
         out.append(Crossing(boundary, "reported", pre, commit, step, tracked, tracked == step))
     return out
 
 
 def inferred_crossings(input_len: int, output_len: int, interval: int) -> list[Crossing]:
     """Boundaries b with input_len < b <= input_len + output_len (positions only; commit length unknown)."""
-    first = (input_len // interval + 1) * interval
-    return [Crossing(b, "inferred") for b in range(first, input_len + output_len + 1, interval)]
+    return [Crossing(b, "inferred") for b in boundaries_between(input_len, input_len + output_len, interval)]
 
 
 def record_interval(rec: dict) -> int | None:
@@ -258,7 +170,8 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: float = 0.5) -> pd.DataFrame:
+def analyze(candidates: Iterable[dict], references: dict[str, dict],
+            threshold: float = MARGIN_THRESHOLD) -> pd.DataFrame:
     """One row per candidate record (columns REQUEST_COLUMNS): class, divergence, margin and attribution.
 
     `references` maps `input_hash` to the reference record.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.gate import Verdict
-from reports.analyze import top_margin
-from reports.describe import attribution_text, crossing_text, divergence_text, value_or_none
+from reports.gate import Verdict
+from reports.oracle import top_margin
+from reports.results import RunResults, attribution_text, crossing_text, divergence_text, value_or_none
 
 WINDOW = 16  # tokens either side of the first divergence in a case's diff
 MAX_CASES = {"hard": 25, "soft": 15, "error": 10}
@@ -55,13 +55,13 @@ def _decoder(tokenizer: str | None):
     if tokenizer != "byte":
         return None
     try:
-        from engine.model.tokenizer import TOKENIZER
+        from protocol.tokenizer import BYTE_TOKENIZER
     except ImportError:
         return None
 
     def decode(ids):
         try:
-            return TOKENIZER.decode(ids, keep_special=True)
+            return BYTE_TOKENIZER.decode(ids, keep_special=True)
         except ValueError:
             return None
 
@@ -247,10 +247,11 @@ def worst_cases(df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out) if out else df.head(0)
 
 
-def render_html(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict,
-                config: dict, records: dict[str, dict], references: dict[str, dict], plots: dict[str, Path],
-                warnings: list[str] = ()) -> str:
-    """The report page. `records` maps candidate key -> record, `references` input_hash -> record."""
+def render_html(results: RunResults) -> str:
+    """The self-contained report page."""
+    r = results
+    df, boundaries, configs, verdict, config = r.df, r.boundaries, r.configs, r.verdict, r.config
+    records, references, plots, warnings = r.records, r.references, r.plots, r.warnings
     word = "PASS" if verdict.passed else "FAIL"
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>specgate {esc(word)}: "
              f"{esc(config.get('run_id', ''))}</title><style>{CSS}</style></head><body>",
@@ -278,7 +279,7 @@ def render_html(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFram
     return "\n".join(parts)
 
 
-def write_html(path: str | Path, **kwargs) -> Path:
-    """Render and write report.html (arguments as for `render_html`)."""
-    Path(path).write_text(render_html(**kwargs), encoding="utf-8")
+def write_html(path: str | Path, results: RunResults) -> Path:
+    """Render and write report.html."""
+    Path(path).write_text(render_html(results), encoding="utf-8")
     return Path(path)

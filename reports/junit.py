@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.describe import case_text, value_or_none
+from reports.results import case_text, value_or_none
 
 
 def sweep_point(pool, concurrency) -> str:

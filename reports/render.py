@@ -12,18 +12,35 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
+from records.jsonl import RunRecords, load_run
+from records.rundir import load_config
 from reports.analyze import analyze
+from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
 from reports.junit import write_junit
 from reports.plots import write_plots
-from reports.records import load_config, load_run
+from reports.results import RunResults
 from reports.summary import render_summary
 from reports.tables import write_tables
 
 
 class NoRecordsError(RuntimeError):
     """The run directory holds no candidate records: there is nothing to judge."""
+
+
+def _warnings(run: RunRecords, df) -> list[str]:
+    """What the reader must know about the records themselves."""
+    warnings = []
+    if run.truncated:
+        warnings.append(f"ignored truncated last line(s): {', '.join(run.truncated)}")
+    if run.corrupt:
+        warnings.append(f"skipped unparseable line(s): {', '.join(run.corrupt)}")
+    if run.duplicates:
+        warnings.append(f"dropped {run.duplicates} record(s) whose key was already recorded")
+    missing = int((df["detail"] == "no reference").sum())
+    if missing:
+        warnings.append(f"{missing} candidate request(s) have no reference record (counted as errors)")
+    return warnings
 
 
 def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) -> Verdict:
@@ -41,30 +58,18 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) ->
     config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
 
     df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold)
-    verdict = evaluate(df, thresholds)
     tables = write_tables(df, run_dir)
-    plots = write_plots(df, tables["boundaries"], tables["configs"], run_dir / "plots")
-
-    warnings = []
-    if run.truncated:
-        warnings.append(f"ignored truncated last line(s): {', '.join(run.truncated)}")
-    if run.corrupt:
-        warnings.append(f"skipped unparseable line(s): {', '.join(run.corrupt)}")
-    if run.duplicates:
-        warnings.append(f"dropped {run.duplicates} record(s) whose key was already recorded")
-    missing = int((df["detail"] == "no reference").sum())
-    if missing:
-        warnings.append(f"{missing} candidate request(s) have no reference record (counted as errors)")
-
-    write_html(run_dir / "report.html", df=df, boundaries=tables["boundaries"], configs=tables["configs"],
-               verdict=verdict, config=config, records={r.get("key"): r for r in run.candidates},
-               references=run.references, plots=plots, warnings=warnings)
-    summary = render_summary(df, tables["boundaries"], tables["configs"], verdict, config)
-    (run_dir / "summary.md").write_text(summary, encoding="utf-8")
-    write_junit(df, run_dir / "junit.xml", run_id=str(config["run_id"]))
-    for w in warnings:
+    results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
+                         verdict=evaluate(df, thresholds), config=config,
+                         records={r.get("key"): r for r in run.candidates}, references=run.references,
+                         warnings=_warnings(run, df))
+    results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots")
+    write_html(run_dir / "report.html", results)
+    (run_dir / "summary.md").write_text(render_summary(results), encoding="utf-8")
+    write_junit(df, run_dir / "junit.xml", run_id=results.run_id)
+    for w in results.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    return verdict
+    return results.verdict
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.gate import Verdict
-from reports.describe import case_text
+from reports.results import RunResults, case_text
 
 
 def _md_table(df: pd.DataFrame) -> str:
@@ -20,9 +19,10 @@ def _md_table(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def render_summary(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict,
-                   config: dict, report_path: str = "report.html") -> str:
+def render_summary(results: RunResults, report_path: str = "report.html") -> str:
     """Markdown: verdict, reasons, counts, the boundary rows with mismatches, the sweep points, the first cases."""
+    df, boundaries, configs, verdict, config = (results.df, results.boundaries, results.configs, results.verdict,
+                                                results.config)
     t = verdict.thresholds
     word = "PASS" if verdict.passed else "FAIL"
     lines = [f"# specgate {config.get('run_id', '')}: **{word}**", "", f"**{verdict.headline}**", ""]

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from reports.analyze import CLASSES, REQUEST_COLUMNS, crossings_json
+from reports.analyze import REQUEST_COLUMNS, crossings_json
+from reports.oracle import CLASSES
 
 # Boundary kinds, in report order (docs/reports.md says what offset and commit_len mean for each).
 BOUNDARY_KINDS = ("restored", "restored_verify", "crossed_verify", "crossed_inferred", "prompt", "divergence")

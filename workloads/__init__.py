@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workloads.boundaries import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS
-from workloads.schema import Session, Turn, WorkloadError
+from workloads.schema import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, Session, Turn, WorkloadError
 from workloads.validate import validate_file
 
 BUILTIN_SUITES = ("frozen", "load")

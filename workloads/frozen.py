@@ -18,10 +18,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from engine.model.tokenizer import TOKENIZER
-from workloads.boundaries import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, boundaries_upto, next_boundary
+from protocol.boundaries import boundaries_upto, next_boundary
+from protocol.tokenizer import BYTE_TOKENIZER
 from workloads.corpus import DATA_DIR, TextCursor, heldout_documents
-from workloads.schema import Session, Turn, dumps_jsonl
+from workloads.schema import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, Session, Turn, dumps_jsonl
 from workloads.validate import validate_file
 
 FROZEN_PATH = DATA_DIR / "frozen.jsonl"
@@ -62,12 +62,12 @@ class _Builder:
     def __init__(self, block_size: int) -> None:
         self.cursor = TextCursor(heldout_documents())
         self.block_size = block_size
-        self.suffix_ids = tuple(TOKENIZER.encode(TURN1_SUFFIX))
+        self.suffix_ids = tuple(BYTE_TOKENIZER.encode(TURN1_SUFFIX))
 
     def session(self, session_id: str, interval: int, group: str, targets: str, prompt_len: int,
                 max_new: int, meta: dict) -> Session:
         text = self.cursor.take(prompt_len)
-        ids = tuple(TOKENIZER.encode(text))
+        ids = tuple(BYTE_TOKENIZER.encode(text))
         assert len(ids) == prompt_len
         turns = (
             Turn(max_new_tokens=max_new, input_ids=ids, text=text),

@@ -15,15 +15,10 @@ import random
 from collections import Counter
 from statistics import mean
 
-from engine.model.tokenizer import TOKENIZER
-from workloads.boundaries import (
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_INTERVALS,
-    MAX_TURN0_TOKENS,
-    boundaries_upto,
-)
+from protocol.boundaries import boundaries_upto
+from protocol.tokenizer import BYTE_TOKENIZER
 from workloads.corpus import TextSampler, heldout_documents
-from workloads.schema import Session, Turn
+from workloads.schema import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, MAX_TURN0_TOKENS, Session, Turn
 
 SUITE = "load"
 DEFAULT_NUM_REQUESTS = 1024
@@ -87,14 +82,14 @@ class _LoadBuilder:
         offset = rng.randint(-OFFSET_BELOW, OFFSET_ABOVE)
         prompt_len = k * interval + offset
         text, prefix_index = self._prompt(prompt_len)
-        ids = tuple(TOKENIZER.encode(text))
+        ids = tuple(BYTE_TOKENIZER.encode(text))
         assert len(ids) == prompt_len
         max_new = rng.randint(*TURN0_MAX_NEW)
         turns = [Turn(max_new_tokens=max_new, input_ids=ids, text=text)]
         for _ in range(num_turns - 1):
             suffix = "\n" + self.sampler.sample(rng, rng.randint(*SUFFIX_TOKENS) - 1)
             turns.append(Turn(max_new_tokens=rng.randint(*FOLLOWUP_MAX_NEW),
-                              suffix_ids=tuple(TOKENIZER.encode(suffix)), suffix_text=suffix))
+                              suffix_ids=tuple(BYTE_TOKENIZER.encode(suffix)), suffix_text=suffix))
         prefix_name = None if prefix_index is None else f"prefix{prefix_index}"
         targets = (f"{num_turns}-turn session; prompt of {prompt_len} tokens, {offset:+d} from boundary "
                    f"{k * interval} (I={interval})"

@@ -10,6 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+DEFAULT_INTERVALS = (128, 256)  # track intervals the committed frozen suite targets
+DEFAULT_BLOCK_SIZE = 8  # DFlash block size B: drafts per verify step
+CONTEXT_TOKENS = 2048  # the built-in engine's context (max_position_embeddings)
+MAX_TURN0_TOKENS = 1100  # turn-0 prompts stay here so follow-up turns fit the context
+
 
 class WorkloadError(ValueError):
     """A workload file or spec is invalid; the message names the line and the field."""
@@ -50,6 +55,17 @@ class Session:
         """Turn 0's prompt length in tokens."""
         ids = self.turns[0].input_ids
         return len(ids) if ids is not None else 0
+
+    def turn_input(self, turn: int, prev_input: list[int] | None, prev_output: list[int] | None) -> list[int]:
+        """Input ids of `turn`: turn 0's prompt; else the previous input + its (candidate) output + the suffix."""
+        t = self.turns[turn]
+        if turn == 0:
+            if t.input_ids is None:
+                raise ValueError(f"session {self.session_id}: turn 0 has no input_ids")
+            return list(t.input_ids)
+        if prev_input is None or prev_output is None:
+            raise ValueError(f"session {self.session_id}: turn {turn} needs turn {turn - 1}'s output")
+        return list(prev_input) + list(prev_output) + list(t.suffix_ids or ())
 
     def max_total_tokens(self) -> int:
         """The longest the sequence can get: prompt, every suffix and every turn's max output."""

@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.model.tokenizer import NUM_BYTES, TOKENIZER, VOCAB_SIZE
-from workloads.boundaries import CONTEXT_TOKENS
-from workloads.schema import SESSION_FIELDS, TURN_FIELDS, Session, Turn, WorkloadError
+from protocol.tokenizer import BYTE_TOKENIZER, NUM_BYTES, VOCAB_SIZE
+from workloads.schema import CONTEXT_TOKENS, SESSION_FIELDS, TURN_FIELDS, Session, Turn, WorkloadError
 
 
 class _Line:
@@ -62,14 +61,14 @@ def _ids_and_text(line: _Line, obj: dict, prefix: str, ids_key: str, text_key: s
     if obj.get(ids_key) is None:
         if text is None:
             raise line.fail(prefix + ids_key, f"missing: give '{ids_key}' or '{text_key}'")
-        ids = tuple(TOKENIZER.encode(text))
+        ids = tuple(BYTE_TOKENIZER.encode(text))
         if not ids and not allow_empty:
             raise line.fail(prefix + text_key, "must not be empty")
         return ids, text
     ids = _ids(line, prefix + ids_key, obj[ids_key], allow_empty=allow_empty)
     if text is None:
         return ids, _text_of(ids)
-    encoded = tuple(TOKENIZER.encode(text))
+    encoded = tuple(BYTE_TOKENIZER.encode(text))
     if encoded != ids:
         pairs = enumerate(zip(ids, encoded, strict=False))
         at = next((i for i, (a, b) in pairs if a != b), min(len(ids), len(encoded)))

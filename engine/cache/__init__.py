@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from engine.cache.kv_pool import KVPool
 from engine.cache.state_pool import StatePool
 from engine.model.config import HybridConfig
-from engine.parallel import SINGLE, TPContext
+from engine.tp.group import SINGLE, TPContext
 
 
 @dataclass

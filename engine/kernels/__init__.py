@@ -1,7 +1,10 @@
 """Kernel dispatch: CUDA tensors use the Triton kernels, CPU tensors the torch references.
 
-Every op here works on the linear-state pool directly (per-sequence slot
-indices), so the model never copies states around by hand. `force_torch`
+Every op lives in `<op>_naive.py` (the readable reference), optionally
+`<op>_chunk.py` (a faster torch form) and `<op>_triton.py`; ops: `gdn` (the
+delta rule), `conv` (the causal conv window), `state_scatter` (the post-verify
+commit). Every op here works on the linear-state pool directly (per-sequence
+slot indices), so the model never copies states around by hand. `force_torch`
 (EngineConfig.force_torch_kernels) pins the references even on CUDA for A/B runs.
 """
 
@@ -9,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.gdn_chunked import gdn_chunked
-from engine.kernels.gdn_naive import causal_conv1d, causal_conv1d_verify, gdn_recurrent, gdn_verify
+from engine.kernels.conv_naive import causal_conv1d, causal_conv1d_verify
+from engine.kernels.gdn_chunk import gdn_chunk
+from engine.kernels.gdn_naive import gdn_recurrent, gdn_verify
 
 _FORCE_TORCH = False
 
@@ -48,7 +52,7 @@ def gdn_pool_forward(
         intermediate.copy_(states)
         return o
     if q.shape[1] > 1:
-        o, final = gdn_chunked(q, k, v, g, beta, state, scale)
+        o, final = gdn_chunk(q, k, v, g, beta, state, scale)
     else:
         o, final = gdn_recurrent(q, k, v, g, beta, state, scale)
     state_pool[slots] = final.to(state_pool.dtype)
@@ -64,9 +68,9 @@ def conv_pool_forward(
 ) -> torch.Tensor:
     """SiLU(causal depthwise conv) continuing from the pooled windows; same two modes as the GDN op."""
     if use_triton(x):
-        from engine.kernels import gdn_triton
+        from engine.kernels import conv_triton
 
-        return gdn_triton.causal_conv1d_pool(x, conv_pool, slots, weight, intermediate)
+        return conv_triton.causal_conv1d_pool(x, conv_pool, slots, weight, intermediate)
     window = conv_pool[slots]
     if intermediate is not None:
         y, windows = causal_conv1d_verify(x, window, weight)
@@ -89,20 +93,20 @@ def commit_verified_states(
 ) -> None:
     """After verification: commit each request's accepted step and, if due, its checkpoint."""
     if use_triton(rec_pool):
-        from engine.kernels.state_scatter import state_scatter_triton
+        from engine.kernels.state_scatter_triton import state_scatter_triton
 
         state_scatter_triton(
             rec_pool, conv_pool, rec_inter, conv_inter, working_slots, commit_steps, track_slots, track_steps
         )
         return
-    from engine.kernels.state_scatter_ref import state_scatter_ref
+    from engine.kernels.state_scatter_naive import state_scatter_naive
 
-    state_scatter_ref(
+    state_scatter_naive(
         rec_pool, conv_pool, rec_inter, conv_inter, working_slots, commit_steps, track_slots, track_steps
     )
 
 
 __all__ = [
-    "causal_conv1d", "causal_conv1d_verify", "conv_pool_forward", "gdn_chunked", "gdn_pool_forward",
+    "causal_conv1d", "causal_conv1d_verify", "conv_pool_forward", "gdn_chunk", "gdn_pool_forward",
     "gdn_recurrent", "gdn_verify", "set_force_torch", "commit_verified_states", "use_triton",
 ]

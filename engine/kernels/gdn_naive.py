@@ -54,27 +54,3 @@ def gdn_verify(
     if T == 0:
         return q.new_zeros(B, 0, H, v.shape[-1]).to(out_dtype), S.new_zeros(B, 0, *S.shape[1:])
     return torch.stack(outs, 1).to(out_dtype), torch.stack(states, 1)
-
-
-def causal_conv1d(
-    x: torch.Tensor,  # [B, T, C]
-    conv_state: torch.Tensor,  # [B, C, K-1] the previous K-1 inputs
-    weight: torch.Tensor,  # [C, K] depthwise
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """SiLU(depthwise causal conv) over x continuing from conv_state; returns (y, new_state)."""
-    y, windows = causal_conv1d_verify(x, conv_state, weight)
-    new_state = windows[:, -1] if x.shape[1] else conv_state.clone()
-    return y, new_state
-
-
-def causal_conv1d_verify(
-    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Like causal_conv1d, but returns the window after every step [B, T, C, K-1]; input untouched."""
-    K = weight.shape[1]
-    xx = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, C, K-1+T]
-    T = x.shape[1]
-    frames = xx.unfold(2, K, 1)  # [B, C, T, K]
-    y = torch.nn.functional.silu((frames * weight[None, :, None, :].to(x.dtype)).sum(-1))  # [B, C, T]
-    windows = xx.unfold(2, K - 1, 1)[:, :, 1 : T + 1]  # [B, C, T, K-1]
-    return y.transpose(1, 2), windows.permute(0, 2, 1, 3).contiguous()

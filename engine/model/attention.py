@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from engine.model.batch import ForwardBatch
 from engine.model.config import HybridConfig
 from engine.model.layers import ColumnParallelLinear, RowParallelLinear, rope
-from engine.parallel import SINGLE, TPContext
+from engine.tp.group import SINGLE, TPContext
 
 
 def gather_kv(pool: torch.Tensor, kv_read: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from engine.model.tokenizer import VOCAB_SIZE
+from protocol.tokenizer import VOCAB_SIZE
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from engine import kernels
 from engine.model.batch import ForwardBatch
 from engine.model.config import HybridConfig
 from engine.model.layers import ColumnParallelLinear, GatedRMSNorm, RowParallelLinear
-from engine.parallel import SINGLE, TPContext
+from engine.tp.group import SINGLE, TPContext
 
 
 class GatedDeltaNet(nn.Module):

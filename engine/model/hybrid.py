@@ -12,7 +12,7 @@ from engine.model.batch import ForwardBatch
 from engine.model.config import HybridConfig
 from engine.model.gdn import GatedDeltaNet
 from engine.model.layers import MLP, RMSNorm
-from engine.parallel import SINGLE, TPContext
+from engine.tp.group import SINGLE, TPContext
 
 
 class DecoderLayer(nn.Module):

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from engine.parallel import SINGLE, TPContext
+from engine.tp.group import SINGLE, TPContext
 
 
 class RMSNorm(nn.Module):

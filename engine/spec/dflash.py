@@ -17,19 +17,20 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.tokenizer import MASK_ID
-from engine.request import Req
+from engine.faults import CONV_NOT_TRACKED, STALE_SEQ_LENS, TRACK_OFF_BY_ONE, active
+from engine.req import Req
 from engine.sampling import GREEDY_BELOW, probs
 from engine.spec.accept import greedy_accept_len, rejection_sample
 from engine.spec.scripted import scripted_drafts
 from engine.spec.tracking import mamba_steps_to_track
+from protocol.boundaries import crossed, crossed_boundary
+from protocol.tokenizer import MASK_ID
 
 
 class DFlashWorker:
     def __init__(self, cfg, runner, scheduler):
         self.cfg, self.runner, self.sched = cfg, runner, scheduler
         self.block = cfg.speculative_num_draft_tokens
-        self.fault = cfg.inject_fault
 
     def _drafts(self, reqs: list[Req]) -> list[list[int]]:
         if self.cfg.drafter_mode == "scripted":
@@ -64,30 +65,34 @@ class DFlashWorker:
         return count
 
     def _commit(self, reqs: list[Req], starts: list[int], commit_lens: list[int]) -> None:
-        pre = torch.tensor(starts, dtype=torch.int32)
-        commit = torch.tensor(commit_lens, dtype=torch.int64)
-        post = pre.to(torch.int64) + commit
         I = self.cfg.mamba_track_interval
         tracking = self.sched.tracking
+        posts = [p + c for p, c in zip(starts, commit_lens, strict=True)]
+        steps = [-1] * len(reqs)
         if tracking:
             # #37817: the buggy worker compared against lengths that had not been advanced yet
-            post_seen = pre if self.fault == "stale-seq-lens" else post
-            steps = mamba_steps_to_track(pre, post_seen, commit, I)
-            if self.fault == "track-off-by-one":
-                crossed = pre.long() // I != post // I
-                ith = post // I * I - pre.long()
-                steps = torch.where(crossed & (ith < commit), ith, torch.full_like(ith, -1))
-        else:
-            steps = torch.full((len(reqs),), -1, dtype=torch.int64)
+            post_seen = starts if active(self.cfg, STALE_SEQ_LENS) else posts
+            steps = mamba_steps_to_track(torch.tensor(starts, dtype=torch.int32), torch.tensor(post_seen),
+                                         torch.tensor(commit_lens), I).tolist()
+            if active(self.cfg, TRACK_OFF_BY_ONE):
+                steps = [_off_by_one_step(p, q, c, I) for p, q, c in zip(starts, posts, commit_lens, strict=True)]
         track_slots = []
-        for r, p, c in zip(reqs, starts, commit_lens, strict=True):
-            crossed = tracking and p // I != (p + c) // I
+        for r, p, q in zip(reqs, starts, posts, strict=True):
             # scheduler bookkeeping from the real lengths, independent of the copy below
-            track_slots.append(self.sched.record_track(r, (p + c) // I * I) if crossed else r.working_slot)
-        self.runner.commit_verify([r.working_slot for r in reqs], commit_lens, track_slots, steps.tolist(),
-                                  conv_tracked=self.fault != "conv-not-tracked")
-        for r, p, c, s in zip(reqs, starts, commit_lens, steps.tolist(), strict=True):
+            boundary = crossed_boundary(p, q, I) if tracking else None
+            track_slots.append(self.sched.record_track(r, boundary) if boundary is not None else r.working_slot)
+        self.runner.commit_verify([r.working_slot for r in reqs], commit_lens, track_slots, steps,
+                                  conv_tracked=not active(self.cfg, CONV_NOT_TRACKED))
+        for r, p, c, s in zip(reqs, starts, commit_lens, steps, strict=True):
             r.seq_len = p + c
             r.out.spec_verify_ct += 1
             r.out.spec_trace.append((p, c, int(s)))
             self.sched.counters["verify_steps"] += 1
+
+
+def _off_by_one_step(pre: int, post: int, commit_len: int, interval: int) -> int:
+    """The track-off-by-one fault: the boundary's token count used as a step index (no -1)."""
+    if not crossed(pre, post, interval):
+        return -1
+    step = crossed_boundary(pre, post, interval) - pre
+    return step if step < commit_len else -1

@@ -11,7 +11,7 @@ overwritten by the real verify), so it costs up to n+1 extra forwards per step.
 
 from __future__ import annotations
 
-from engine.request import Req
+from engine.req import Req
 
 
 def scripted_drafts(runner, r: Req, block_size: int, n_accept: int) -> list[int]:

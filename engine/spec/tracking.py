@@ -7,11 +7,15 @@ interval I, the state exactly at that boundary is step `boundary - pre - 1`,
 and it must be copied into the tracking slot so the radix cache can later
 resume there. #37817 compared `pre` against the *pre-verify* lengths on both
 sides, so no crossing was ever seen; the lengths used here must be post-verify.
+The arithmetic itself is `protocol.boundaries.step_to_track`, shared with the
+workloads and the analyzer.
 """
 
 from __future__ import annotations
 
 import torch
+
+from protocol.boundaries import step_to_track
 
 
 def mamba_steps_to_track(
@@ -21,12 +25,5 @@ def mamba_steps_to_track(
     track_interval: int,
 ) -> torch.Tensor:
     """Step index to copy into the tracking slot per request, -1 for none. LongTensor [bs]."""
-    pre = seq_lens_pre_verify.to(torch.int64)
-    post = seq_lens_post_verify.to(torch.int64)
-    commit = commit_lens.to(torch.int64)
-    crossed = pre // track_interval != post // track_interval
-    boundary = post // track_interval * track_interval
-    ith = torch.clamp(boundary - pre - 1, min=0)
-    # the boundary must lie inside the accepted part of the block
-    trackable = crossed & (ith < commit)
-    return torch.where(trackable, ith, torch.full_like(ith, -1))
+    rows = zip(seq_lens_pre_verify.tolist(), seq_lens_post_verify.tolist(), commit_lens.tolist(), strict=True)
+    return torch.tensor([step_to_track(p, q, c, track_interval) for p, q, c in rows], dtype=torch.int64)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
-from engine.api import GenerateRequest, SamplingParams
 from engine.config import EngineConfig
 from engine.engine import Engine
+from engine.io_struct import GenerateRequest, SamplingParams
 
 SUFFIX = tuple(b"\n# next question:")
 

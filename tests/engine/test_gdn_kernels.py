@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import commit_verified_states, conv_pool_forward, gdn_pool_forward
-from engine.kernels.gdn_chunked import gdn_chunked
-from engine.kernels.gdn_naive import causal_conv1d, causal_conv1d_verify, gdn_recurrent, gdn_verify
+from engine.kernels.conv_naive import causal_conv1d, causal_conv1d_verify
+from engine.kernels.gdn_chunk import gdn_chunk
+from engine.kernels.gdn_naive import gdn_recurrent, gdn_verify
 
 
 def _inputs(B, T, H, Dk, Dv, seed=0):
@@ -29,7 +30,7 @@ def test_chunked_matches_recurrent(T):
     q, k, v, g, beta, s0 = _inputs(2, T, 3, 16, 8, seed=T)
     s0_before = s0.clone()
     o_ref, s_ref = gdn_recurrent(q, k, v, g, beta, s0, 0.25)
-    o, s = gdn_chunked(q, k, v, g, beta, s0, 0.25)
+    o, s = gdn_chunk(q, k, v, g, beta, s0, 0.25)
     assert _rel(o, o_ref) <= 1e-4
     assert _rel(s, s_ref) <= 1e-4
     assert torch.equal(s0, s0_before)
@@ -90,7 +91,7 @@ def test_pool_ops_decode_and_verify_modes():
     assert torch.equal(cpool[slots], cinter[:, -1])
 
 
-def test_state_scatter_reference_commits_and_tracks():
+def test_state_scatter_naiveerence_commits_and_tracks():
     L, N, B, T = 2, 6, 3, 4
     rec = torch.zeros(L, N, 1, 2, 2)
     conv = torch.zeros(L, N, 3, 2)

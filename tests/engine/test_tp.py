@@ -15,7 +15,7 @@ import pytest
 
 from engine.config import EngineConfig
 from engine.engine import Engine
-from engine.tp_serve import start_local
+from engine.tp.local import start_local
 from tests.engine.sessions import SUFFIX, first_divergence, prompt, req
 
 ROOT = Path(__file__).resolve().parents[2]

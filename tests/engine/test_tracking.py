@@ -1,21 +1,10 @@
-"""mamba_steps_to_track: DESIGN.md's reference table, scaled intervals, dtype mixes, brute force."""
-
-import random
+"""mamba_steps_to_track: the engine's batched form of protocol.boundaries.step_to_track (DESIGN.md table)."""
 
 import pytest
 import torch
 
 from engine.spec.tracking import mamba_steps_to_track
-
-TABLE_256 = [  # pre, commit_len, post, step to track
-    (255, 1, 256, 0),
-    (254, 2, 256, 1),
-    (250, 3, 253, -1),
-    (256, 1, 257, -1),
-    (250, 8, 258, 5),
-    (248, 8, 256, 7),
-    (256, 8, 264, -1),
-]
+from tests.protocol.test_boundaries import TABLE_256
 
 
 def _run(rows, interval, pre_dtype=torch.int64, post_dtype=torch.int64, commit_dtype=torch.int64):
@@ -42,23 +31,6 @@ def test_table_scaled(interval):
                                     (torch.int32, torch.int32, torch.int64), (torch.int32, torch.int32, torch.int32)])
 def test_int32_int64_mixes(dtypes):
     assert _run(TABLE_256, 256, *dtypes).tolist() == [r[3] for r in TABLE_256]
-
-
-def _brute(pre, commit, interval):
-    for i in range(commit):  # step i covers pre + i + 1 tokens
-        if (pre + i + 1) % interval == 0:
-            return i
-    return -1
-
-
-def test_random_against_brute_force():
-    rng = random.Random(0)
-    for interval in (16, 64, 128, 256):
-        rows = []
-        for _ in range(500):
-            pre, commit = rng.randrange(0, 4 * interval), rng.randint(1, 16 if interval >= 16 else interval)
-            rows.append((pre, commit, pre + commit, _brute(pre, commit, interval)))
-        assert _run(rows, interval).tolist() == [r[3] for r in rows]
 
 
 def test_stale_lengths_never_track():

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from harness.cluster import Pool, Replica
 from harness.plan import EngineSpec
+from harness.pools import Pool, Replica
 from tests.harness.fake_server import make_app, parse_args
 from workloads.schema import Session, Turn, dumps_jsonl
 

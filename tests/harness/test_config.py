@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from harness.cluster import resolve_address
-from harness.config import ConfigError, RunConfig, for_resume, from_argv
+from harness.cli import from_argv
+from harness.config import ConfigError, RunConfig, for_resume
 from harness.plan import builtin_plan, external_plan, server_args
+from harness.ray_pools import resolve_address
 from harness.run import main
 from tests.harness.helpers import make_sessions, write_workload
 
@@ -148,7 +149,7 @@ def test_bad_suite_and_bad_config_exit_2(tmp_path, capsys):
 
 def test_local_ray_gets_a_cpu_for_every_replica_bundle(monkeypatch):
     """`make run` on a 2-core laptop: 2 candidate pools + 1 reference pool must all be placeable."""
-    import harness.cluster as cluster
+    import harness.ray_pools as cluster
     from harness.config import RunConfig
     from harness.plan import builtin_plan
 

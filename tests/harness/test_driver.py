@@ -9,9 +9,11 @@ from pathlib import Path
 import aiohttp
 
 from harness.config import RunConfig
-from harness.driver import Driver, Progress
+from harness.driver import Driver
 from harness.plan import candidate_engine, reference_engine
-from harness.rundir import RecordFiles, input_hash, read_run_records
+from harness.progress import Progress
+from records.jsonl import RecordFiles, load_run
+from records.rundir import input_hash
 from tests.harness.fake_server import fake_tokens
 from tests.harness.helpers import (
     SUFFIX,
@@ -153,7 +155,8 @@ def test_resume_sends_nothing_twice_and_rebuilds_from_recorded_output(tmp_path):
         "".join(json.dumps(r) + "\n" for r in kept) + cand_lines[5][:40])
     ref_lines = (full / "records" / "reference.jsonl").read_text().splitlines()
     (part / "records" / "reference.jsonl").write_text(ref_lines[0] + "\n")
-    existing, existing_refs = read_run_records(part)
+    recorded = load_run(part)
+    existing, existing_refs = recorded.candidates_by_key(), recorded.references
     (tmp_path / "b").mkdir()
     with_servers(tmp_path / "b", 1, lambda c, r: drive(part, sessions, c, r, existing=existing,
                                                        existing_refs=existing_refs))

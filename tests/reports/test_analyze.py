@@ -5,16 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from reports.analyze import (
-    analyze,
-    classify,
-    first_divergence,
-    inferred_crossings,
-    nearest_boundary_offset,
-    token_rank,
-    top_margin,
-    verify_crossings,
-)
+from protocol.boundaries import nearest_boundary_offset
+from reports.analyze import analyze, inferred_crossings, verify_crossings
+from reports.oracle import classify, first_divergence, token_rank, top_margin
 from tests.reports.factory import candidate, pair, prompt, reference
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.gate import GateThresholds, evaluate
+from reports.gate import GateThresholds, evaluate
 
 
 def frame(exact=0, soft=0, hard=0, error=0) -> pd.DataFrame:

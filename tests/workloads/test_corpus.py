@@ -6,7 +6,6 @@ import random
 
 import pytest
 
-from workloads.boundaries import boundaries_upto, next_boundary
 from workloads.corpus import (
     HEADER,
     HELDOUT_MAX_BYTES,
@@ -20,22 +19,6 @@ from workloads.corpus import (
     split_documents,
     stdlib_files,
 )
-
-
-@pytest.mark.parametrize(
-    "length,interval,expected",
-    [(0, 128, 128), (1, 128, 128), (127, 128, 128), (128, 128, 256), (129, 128, 256), (255, 256, 256),
-     (256, 256, 512), (1022, 256, 1024)],
-)
-def test_next_boundary_is_strictly_above(length, interval, expected):
-    assert next_boundary(length, interval) == expected
-
-
-@pytest.mark.parametrize(
-    "length,interval,expected", [(127, 128, 0), (128, 128, 1), (383, 128, 2), (1024, 256, 4)]
-)
-def test_boundaries_upto(length, interval, expected):
-    assert boundaries_upto(length, interval) == expected
 
 
 def test_heldout_split_is_frozen():

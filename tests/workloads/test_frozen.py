@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.model.tokenizer import TOKENIZER
+from protocol.boundaries import next_boundary
+from protocol.tokenizer import BYTE_TOKENIZER
 from workloads import load_suite
-from workloads.boundaries import DEFAULT_BLOCK_SIZE, MAX_TURN0_TOKENS, next_boundary
 from workloads.frozen import FROZEN_PATH, TURN1_SUFFIX, generate_frozen, main
-from workloads.schema import dumps_jsonl
+from workloads.schema import DEFAULT_BLOCK_SIZE, MAX_TURN0_TOKENS, dumps_jsonl
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INTERVALS = (128, 256)
@@ -139,12 +139,12 @@ def test_controls_never_reach_a_boundary(suite, interval):
 
 
 def test_tokens_are_the_texts_encoding(suite):
-    suffix_ids = tuple(TOKENIZER.encode(TURN1_SUFFIX))
+    suffix_ids = tuple(BYTE_TOKENIZER.encode(TURN1_SUFFIX))
     assert 8 <= len(suffix_ids) <= 24
     texts = set()
     for s in suite:
         t0, t1 = s.turns
-        assert t0.text.isascii() and t0.input_ids == tuple(TOKENIZER.encode(t0.text))
+        assert t0.text.isascii() and t0.input_ids == tuple(BYTE_TOKENIZER.encode(t0.text))
         assert t0.suffix_ids is None and t1.input_ids is None and t1.text is None
         assert (t1.suffix_text, t1.suffix_ids, t1.max_new_tokens) == (TURN1_SUFFIX, suffix_ids, 32)
         texts.add(t0.text)

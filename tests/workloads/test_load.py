@@ -6,11 +6,10 @@ from collections import Counter
 
 import pytest
 
-from engine.model.tokenizer import TOKENIZER
+from protocol.tokenizer import BYTE_TOKENIZER
 from workloads import load_suite
-from workloads.boundaries import DEFAULT_BLOCK_SIZE, MAX_TURN0_TOKENS
 from workloads.load import generate_load, main, shared_prefixes
-from workloads.schema import dumps_jsonl
+from workloads.schema import DEFAULT_BLOCK_SIZE, MAX_TURN0_TOKENS, dumps_jsonl
 from workloads.validate import parse_jsonl
 
 
@@ -67,10 +66,10 @@ def test_lengths_in_range_and_tokens_match_text(profile):
     for s in profile:
         t0, *follow = s.turns
         assert 16 <= t0.max_new_tokens <= 256
-        assert t0.input_ids == tuple(TOKENIZER.encode(t0.text)) and t0.text.isascii()
+        assert t0.input_ids == tuple(BYTE_TOKENIZER.encode(t0.text)) and t0.text.isascii()
         for t in follow:
             assert 8 <= len(t.suffix_ids) <= 32 and 16 <= t.max_new_tokens <= 64
-            assert t.suffix_ids == tuple(TOKENIZER.encode(t.suffix_text)) and t.input_ids is None
+            assert t.suffix_ids == tuple(BYTE_TOKENIZER.encode(t.suffix_text)) and t.input_ids is None
         assert s.max_total_tokens() <= 1900
     outs = {s.turns[0].max_new_tokens for s in profile}
     assert min(outs) <= 20 and max(outs) >= 250  # spread over the range

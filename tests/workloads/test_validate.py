@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.model.tokenizer import TOKENIZER
+from protocol.tokenizer import BYTE_TOKENIZER
 from workloads import WorkloadError, list_suites, load_suite, validate_file
 from workloads.schema import Session, Turn
 
@@ -45,7 +45,7 @@ def test_valid_user_file_loads(tmp_path):
     )
     s1, s2, s3 = load_suite(str(path))
     assert s1 == Session("s1", "my_cases", None, "user", "", {},
-                         (Turn(8, input_ids=tuple(TOKENIZER.encode("def f(x):\n")), text="def f(x):\n"),))
+                         (Turn(8, input_ids=tuple(BYTE_TOKENIZER.encode("def f(x):\n")), text="def f(x):\n"),))
     assert (s2.suite, s2.interval, s2.group, s2.targets, s2.meta) == ("mine", 128, "g", "t", {"a": 1})
     assert s2.turns[0] == Turn(4, input_ids=(104, 105), text="hi")
     assert s2.turns[1] == Turn(6, suffix_ids=tuple(b"\n# more\n"), suffix_text="\n# more\n")

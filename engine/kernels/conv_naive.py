@@ -1,0 +1,33 @@
+"""The causal depthwise conv of the Gated DeltaNet, the readable references.
+
+The conv window of a sequence holds its last K-1 raw inputs [C, K-1]; each new
+token's output is SiLU of the dot product of [window | x_t] with the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def causal_conv1d(
+    x: torch.Tensor,  # [B, T, C]
+    conv_state: torch.Tensor,  # [B, C, K-1] the previous K-1 inputs
+    weight: torch.Tensor,  # [C, K] depthwise
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """SiLU(depthwise causal conv) over x continuing from conv_state; returns (y, new_state)."""
+    y, windows = causal_conv1d_verify(x, conv_state, weight)
+    new_state = windows[:, -1] if x.shape[1] else conv_state.clone()
+    return y, new_state
+
+
+def causal_conv1d_verify(
+    x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like causal_conv1d, but returns the window after every step [B, T, C, K-1]; input untouched."""
+    K = weight.shape[1]
+    xx = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, C, K-1+T]
+    T = x.shape[1]
+    frames = xx.unfold(2, K, 1)  # [B, C, T, K]
+    y = torch.nn.functional.silu((frames * weight[None, :, None, :].to(x.dtype)).sum(-1))  # [B, C, T]
+    windows = xx.unfold(2, K - 1, 1)[:, :, 1 : T + 1]  # [B, C, T, K-1]
+    return y.transpose(1, 2), windows.permute(0, 2, 1, 3).contiguous()

@@ -1,0 +1,192 @@
+"""SGLang-compatible HTTP server over an AsyncEngine (DESIGN.md 3.1); `make_app` builds the aiohttp app.
+
+Native endpoints live here; the OpenAI-compatible ones in server_openai.py.
+Validation is in server_validate.py, answer shapes in server_format.py.
+Every error is `{"error": {"message": ...}}` with a 4xx status naming the
+field, or 5xx for the server's own failures; a handler exception never takes
+the server down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+
+from aiohttp import web
+
+from engine.server.format import generate_answer, sse
+from engine.server.metrics import render as render_metrics
+from engine.server.openai import add_openai_routes
+from engine.server.state import (
+    STATE,
+    ClientGone,
+    ServerState,
+    final_output,
+    generation,
+    read_json,
+    state_of,
+    stream_events,
+)
+from engine.server.validate import ApiError, parse_generate
+
+log = logging.getLogger("specgate.server")
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+OPEN_PATHS = {"/health"}  # answered without the API key (load balancers, the harness's health probe)
+VERSION = "specgate-0.1.0"
+
+
+def json_error(err: ApiError) -> web.Response:
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return web.json_response(err.body(), status=err.status, headers=headers)
+
+
+# --- middlewares (outermost first) ------------------------------------------------------------------
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    """Every failure becomes a JSON error; unexpected exceptions are logged and answered 500."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return json_error(e)
+    except ClientGone:
+        return web.Response(status=499, text="client closed the connection")
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        field = "body" if e.status == 413 else None
+        return json_error(ApiError(e.status, f"{request.method} {request.path}: {e.reason}", field))
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the server must outlive any one bad request
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return json_error(ApiError(500, f"internal server error: {type(e).__name__}: {e}"))
+
+
+@web.middleware
+async def drain_middleware(request: web.Request, handler):
+    if state_of(request).draining and request.path not in OPEN_PATHS:
+        raise ApiError(503, "server: shutting down, not accepting new requests")
+    return await handler(request)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    key = state_of(request).api_key
+    if key and request.path not in OPEN_PATHS:
+        given = request.headers.get("Authorization", "")
+        if not given:
+            raise ApiError(401, "Authorization: missing API key (send 'Authorization: Bearer <key>')",
+                           "Authorization")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(401, "Authorization: wrong API key", "Authorization")
+    return await handler(request)
+
+
+# --- native endpoints -------------------------------------------------------------------------------
+async def handle_generate(request: web.Request) -> web.StreamResponse:
+    t0 = time.perf_counter()
+    state = state_of(request)
+    call = parse_generate(await read_json(request), state.limits)
+
+    def answer(out):
+        return generate_answer(out, call, time.perf_counter() - t0, state.speculative)
+
+    async with generation(request, call.req) as (first, agen):
+        if call.stream:
+            return await stream_events(request, first, agen, lambda out: [sse(answer(out))])
+        return web.json_response(answer(await final_output(request, first, agen)))
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    state = state_of(request)
+    if state.draining:
+        return web.json_response({"status": "draining", "error": {"message": "server: shutting down"}}, status=503)
+    if not state.engine.healthy:
+        msg = state.engine.health_error or "engine loop is not running"
+        return web.json_response({"status": "error", "error": {"message": f"engine: {msg}"}}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def handle_server_info(request: web.Request) -> web.Response:
+    state = state_of(request)
+    info = await state.engine_call(state.engine.server_info)
+    info.update(
+        version=VERSION, served_model_name=state.model_name, api_key_required=bool(state.api_key),
+        max_body_bytes=state.max_body_bytes, draining=state.draining,
+        # SGLang reports the running accept length here
+        internal_states=[{"avg_spec_accept_length": info.get("avg_accept_length", 0.0)}],
+    )
+    return web.json_response(info)
+
+
+async def handle_model_info(request: web.Request) -> web.Response:
+    state = state_of(request)
+    cfg = state.cfg
+    return web.json_response({
+        "model_path": cfg.model_path, "served_model_name": state.model_name, "tokenizer_path": None,
+        "tokenizer": "byte", "is_generation": True, "model_type": "specgate-hybrid",
+        "model_preset": cfg.model_preset if cfg.model_path == "random" else None,
+        "vocab_size": state.limits.vocab_size, "max_context_length": state.limits.max_context,
+        "preferred_sampling_params": None, "weight_version": "default",
+    })
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    state = state_of(request)
+    busy = "flush_cache: requests are running; the cache is flushed only when the server is idle"
+    if state.inflight or state.engine.num_active():
+        raise ApiError(400, busy)
+    if not await state.engine_call(state.engine.flush_cache):
+        raise ApiError(400, busy)
+    return web.json_response({"status": "ok", "message": "Cache flushed."})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    state = state_of(request)
+    stats = await state.engine_call(state.engine.stats)
+    server = {"inflight": len(state.inflight), "disconnects": state.disconnects,
+              "healthy": int(state.engine.healthy), "draining": int(state.draining)}
+    return web.Response(body=render_metrics(stats, server).encode(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def make_app(async_engine, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+             model_name: str | None = None) -> web.Application:
+    """The aiohttp application serving `async_engine` (an AsyncEngine)."""
+    app = web.Application(middlewares=[errors_middleware, drain_middleware, auth_middleware],
+                          client_max_size=max_body_bytes)
+    app[STATE] = ServerState(async_engine, api_key, max_body_bytes, model_name)
+    app.router.add_post("/generate", handle_generate)
+    app.router.add_get("/health", handle_health)
+    app.router.add_get("/server_info", handle_server_info)
+    app.router.add_get("/get_server_info", handle_server_info)  # SGLang's older name
+    app.router.add_get("/model_info", handle_model_info)
+    app.router.add_get("/get_model_info", handle_model_info)
+    app.router.add_route("POST", "/flush_cache", handle_flush_cache)
+    app.router.add_get("/flush_cache", handle_flush_cache)
+    app.router.add_get("/metrics", handle_metrics)
+    add_openai_routes(app)
+    return app
+
+
+async def drain(app: web.Application, timeout: float) -> int:
+    """Graceful shutdown: refuse new requests, let in-flight ones finish for `timeout` s, then abort them.
+
+    Returns how many requests had to be aborted.
+    """
+    state = app[STATE]
+    state.draining = True
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while state.inflight and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    aborted = list(state.inflight.values())
+    for rid in aborted:
+        state.engine.abort(rid)
+    grace = loop.time() + 5.0  # aborted requests still send their (abort) answers
+    while state.inflight and loop.time() < grace:
+        await asyncio.sleep(0.05)
+    return len(aborted)

@@ -1,0 +1,126 @@
+"""The server's own settings and the `python -m engine.serve` command line.
+
+The flags are built from the fields of EngineConfig and ServerConfig (each field
+carries its help and group), so a setting is declared once. `to_argv` is the
+inverse, used by the harness to start replicas with a given EngineConfig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import MISSING, dataclass, fields
+
+from engine.config import EngineConfig, setting
+from engine.faults import FAULTS, check_fault_name
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the HTTP server listens and shuts down (not part of the engine's behaviour)."""
+
+    host: str = setting("127.0.0.1", "address to bind (0.0.0.0 exposes it to the network)", "http server")
+    port: int = setting(30000, "port to bind (0: any free port, printed)", "http server")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every endpoint except /health",
+                                  "http server")
+    max_body_bytes: int = setting(1 << 20, "largest accepted request body; larger ones get 413", "http server")
+    shutdown_timeout: float = setting(10.0, "on SIGTERM, seconds in-flight requests may run before they are "
+                                      "aborted", "http server")
+    tp_rendezvous: str | None = setting(
+        None, "with --tp-size N: do not start ranks 1..N-1 here; listen on HOST:PORT for rank workers started "
+        "elsewhere (the harness's Ray rank actors); the server exits if a rank dies", "tensor parallelism")
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {port}")
+    return port
+
+
+def _non_negative_float(value: str) -> float:
+    x = float(value)
+    if not x >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return x
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _fault(value: str) -> str:
+    try:
+        check_fault_name(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+# flag parsers stricter than the field's type
+PARSERS = {"port": _port, "shutdown_timeout": _non_negative_float, "max_body_bytes": _positive_int,
+           "inject_fault": _fault}
+METAVARS = {"inject_fault": "NAME", "tp_rendezvous": "HOST:PORT"}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _add_fields(parser: argparse.ArgumentParser, cls, groups: dict) -> None:
+    for f in fields(cls):
+        meta = f.metadata
+        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        if f.default is False:
+            group.add_argument(flag(f.name), action="store_true", help=meta["help"])
+            continue
+        kind = PARSERS.get(f.name) or (type(f.default) if f.default is not None and f.default is not MISSING
+                                       else str)
+        group.add_argument(flag(f.name), type=kind, default=f.default, choices=meta.get("choices"),
+                           metavar=METAVARS.get(f.name), help=meta["help"])
+
+
+def build_parser(doc: str = "") -> argparse.ArgumentParser:
+    """`python -m engine.serve`'s flags: every EngineConfig and ServerConfig field."""
+    p = argparse.ArgumentParser(
+        prog="python -m engine.serve", description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="faults: " + "; ".join(f"{f.name} ({f.summary})" for f in FAULTS.values()))
+    groups: dict = {}
+    _add_fields(p, EngineConfig, groups)
+    _add_fields(p, ServerConfig, groups)
+    return p
+
+
+def configs_from_args(args: argparse.Namespace,
+                      parser: argparse.ArgumentParser) -> tuple[EngineConfig, ServerConfig]:
+    """(EngineConfig, ServerConfig) from parsed flags; an invalid combination exits 2 naming the flag."""
+    engine_fields = [f.name for f in fields(EngineConfig)]
+    try:
+        cfg = EngineConfig(**{k: getattr(args, k) for k in engine_fields})
+    except ValueError as e:
+        msg = str(e)
+        for k in engine_fields:  # name the flag, not the dataclass field
+            msg = re.sub(rf"\b{k}\b", flag(k), msg)
+        parser.error(msg)
+    server = ServerConfig(**{f.name: getattr(args, f.name) for f in fields(ServerConfig)})
+    if server.tp_rendezvous and cfg.tp_size == 1:
+        parser.error("--tp-rendezvous needs --tp-size > 1")
+    return cfg, server
+
+
+def to_argv(cfg: EngineConfig, always: tuple[str, ...] = ()) -> list[str]:
+    """The engine.serve flags that reproduce `cfg`: settings off their default, and those named in `always`."""
+    argv: list[str] = []
+    for f in fields(EngineConfig):
+        value = getattr(cfg, f.name)
+        if value == f.default and f.name not in always:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag(f.name))
+        else:
+            argv += [flag(f.name), str(value)]
+    return argv

@@ -1,0 +1,107 @@
+"""Tensor-parallel replicas: rank workers and the rank-0 runner proxy.
+
+A replica with tp_size N is N processes, each a `ModelRunner` over its shard of
+the heads (see engine/tp/group.py for the split), joined by a torch.distributed
+group (gloo on CPU, NCCL on CUDA). Rank 0 runs the scheduler; every runner call
+that touches model state is broadcast to the other ranks before rank 0 runs it,
+so all ranks execute the same step (the "plan" is the call and its plain-int
+arguments). The embedding / LM head is replicated, so every rank ends a forward
+with the same logits and rank 0 decides on its own copy. The DFlash drafter runs
+on rank 0 only.
+
+One rank-worker implementation serves both launchers: `python -m engine.serve
+--tp-size N` starts ranks 1..N-1 with torch.multiprocessing (engine/tp/local.py);
+the harness starts them as Ray actors in the replica's placement group (harness/replica.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.runner import ModelRunner
+from engine.tp.group import Group, TPContext
+
+MIRRORED = ("extend", "decode", "verify", "commit_verify", "copy_state", "zero_states")
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class RankFailure(RuntimeError):
+    """A tensor-parallel rank stopped answering; the message names it."""
+
+
+def build_runner(cfg: EngineConfig, group: Group) -> ModelRunner:
+    from engine.engine import pool_pages, pool_slots
+
+    torch.set_num_threads(1)  # ranks share the node's cores
+    return ModelRunner(cfg, pool_pages(cfg), pool_slots(cfg), TPContext(group.size, group.rank, group))
+
+
+class RankWorker:
+    """Ranks 1..N-1: replay every call rank 0 broadcasts until told to stop."""
+
+    def __init__(self, cfg: EngineConfig, rank: int, size: int, addr: str, port: int):
+        self.group = Group(rank, size, addr, port, DEFAULT_TIMEOUT_S)
+        self.runner = build_runner(cfg, self.group)
+
+    def serve_forever(self) -> None:
+        while True:
+            name, args, kwargs = self.group.broadcast_object()
+            if name == "stop":
+                return
+            getattr(self.runner, name)(*args, **kwargs)
+
+
+class TPRunner:
+    """Rank 0's runner: broadcasts each state-changing call, then runs it on its own shard."""
+
+    def __init__(self, cfg: EngineConfig, size: int, addr: str, port: int, alive=None):
+        self.group = Group(0, size, addr, port, DEFAULT_TIMEOUT_S)
+        self.local = build_runner(cfg, self.group)
+        self.size = size
+        self.alive = alive  # optional callable -> list of dead rank descriptions
+        self.failure: str | None = None
+
+    def __getattr__(self, name):
+        attr = getattr(self.local, name)
+        if name not in MIRRORED:
+            return attr
+
+        def mirrored(*args, **kwargs):
+            self._broadcast((name, args, kwargs))
+            try:
+                return attr(*args, **kwargs)
+            except RuntimeError as e:  # a collective inside the forward failed
+                raise self._failure(e) from e
+
+        return mirrored
+
+    def _broadcast(self, msg) -> None:
+        if self.failure:
+            raise RankFailure(self.failure)
+        try:
+            self.group.broadcast_object(msg)
+        except RuntimeError as e:
+            raise self._failure(e) from e
+
+    def _failure(self, err: BaseException) -> RankFailure:
+        dead: list[str] = []
+        deadline = time.monotonic() + 2.0  # a killed process takes a moment to be reaped
+        while self.alive is not None and not dead and time.monotonic() < deadline:
+            dead = self.alive()
+            if not dead:
+                time.sleep(0.1)
+        others = "rank 1" if self.size == 2 else f"one of ranks 1..{self.size - 1}"
+        who = ", ".join(dead) if dead else others
+        self.failure = f"tensor-parallel rank failure ({who}): {err}"
+        return RankFailure(self.failure)
+
+    def shutdown(self) -> None:
+        if self.failure is None:
+            try:
+                self.group.broadcast_object(("stop", (), {}))
+            except RuntimeError:
+                pass
+            self.failure = "shut down"

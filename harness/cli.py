@@ -1,0 +1,139 @@
+"""The `python -m harness.run` command line: flags and a TOML file into a RunConfig.
+
+Precedence: built-in defaults < `--config run.toml` < `RAY_ADDRESS` (address only)
+< explicit CLI flags. The flags are generated from RunConfig's fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+
+from harness.config import PLACEMENTS, ConfigError, RunConfig, flag, kind_of
+
+
+def _int(value):
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().lstrip("+-").isdigit():
+        raise TypeError("expected an integer")
+    return int(value)
+
+
+def _float(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError("expected a number")
+    try:
+        return float(value)
+    except ValueError:
+        raise TypeError("expected a number") from None
+
+
+def _str(value):
+    if not isinstance(value, str):
+        raise TypeError("expected a string")
+    return value
+
+
+def _bool(value):
+    if not isinstance(value, bool):
+        raise TypeError("expected true or false")
+    return value
+
+
+def _ints(value):
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise TypeError("expected a list of integers")
+    try:
+        return tuple(int(str(v).strip()) for v in items)
+    except ValueError:
+        raise ValueError("expected comma-separated integers") from None
+
+
+def _strs(value):
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+        raise TypeError("expected a string or a list of strings")
+    return tuple(items)
+
+
+def _cmd(value):
+    items = shlex.split(value) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(v, str) for v in items):
+        raise TypeError("expected a command line (string or list of strings)")
+    return tuple(items)
+
+
+CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "strs": _strs, "cmd": _cmd}
+
+
+def convert(name: str, value: object, source: str) -> object:
+    """Turn a CLI string or TOML value into the field's type, or raise ConfigError naming it."""
+    where = flag(name) if source == "cli" else f"{source}: key '{name}'"
+    try:
+        return CONVERTERS[kind_of(name)](value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {e} (got {value!r})") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI; every option defaults to 'not given' so a config file can supply it."""
+    p = argparse.ArgumentParser(
+        prog="python -m harness.run", argument_default=argparse.SUPPRESS, allow_abbrev=False,
+        description="Run specgate: candidate pools (DFlash + radix cache) against the cold-path reference, "
+                    "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error.")
+    p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the settings below "
+                   "(keys are the flag names with '_'); flags given here override it")
+    for name, f in RunConfig.__dataclass_fields__.items():
+        kind, default = f.metadata["kind"], f.default
+        if isinstance(default, tuple):
+            default = ",".join(map(str, default))
+        help_text = f.metadata["help"] + (f" (default: {default})" if default not in (None, "", False) else "")
+        if kind == "bool":
+            p.add_argument(flag(name), action="store_const", const=True, help=help_text)
+        elif kind == "strs":
+            p.add_argument(flag(name), action="append", metavar="URL", help="repeatable; " + help_text)
+        elif kind == "ints":
+            p.add_argument(flag(name), metavar="N,N,...", help=help_text)
+        elif name == "placement":
+            p.add_argument(flag(name), choices=PLACEMENTS, help=help_text)
+        else:
+            p.add_argument(flag(name), metavar=kind.upper() if kind != "cmd" else "'CMD ARGS'", help=help_text)
+    return p
+
+
+def load_toml(path: str | Path) -> dict:
+    """The settings of a TOML config file, converted and checked against the known keys."""
+    try:
+        import tomllib
+    except ModuleNotFoundError as e:  # Python 3.10
+        raise ConfigError("--config needs Python >= 3.11 (tomllib)") from e
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read ({e.strerror})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
+    known = RunConfig.__dataclass_fields__
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}; "
+                          f"valid keys: {', '.join(sorted(known))}")
+    return {k: convert(k, v, str(path)) for k, v in raw.items()}
+
+
+def from_argv(argv: list[str] | None, environ: Mapping[str, str]) -> tuple[RunConfig, set[str]]:
+    """Parse CLI flags (and the config file they name); return the config and the explicitly given keys."""
+    ns = vars(build_parser().parse_args(argv))
+    values = load_toml(ns.pop("config")) if "config" in ns else {}
+    explicit = set(values) | set(ns)
+    if "run_id" in explicit and "resume" in explicit:
+        raise ConfigError("--run-id and --resume exclude each other (a resume keeps its run id)")
+    if "address" not in values and environ.get("RAY_ADDRESS"):
+        values["address"] = environ["RAY_ADDRESS"]
+    values.update({k: convert(k, v, "cli") for k, v in ns.items()})
+    for key in ("endpoint", "reference_endpoint"):
+        if values.get(key):
+            values[key] = tuple(u.rstrip("/") for u in values[key])
+    return RunConfig(**values), explicit

@@ -1,0 +1,138 @@
+"""Built-in replicas on Ray: one placement group per replica (`tp_size` bundles, bundle 0 = rank 0
+and its server), replicas spread round-robin over the cluster's nodes, Ray restarting a replica
+whose server dies (harness/replica.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict
+
+from harness.config import RunConfig
+from harness.plan import Plan, engine_config, server_args
+from harness.pools import HarnessError, Pool, Replica
+
+
+def resolve_address(address: str | None) -> str | None:
+    """The Ray address to join: the given one, else `auto` on a node of a running `ray start` cluster."""
+    if address:
+        return address
+    try:
+        from ray._private.services import find_bootstrap_address, find_gcs_addresses
+
+        current = find_bootstrap_address(None)
+        if current and current in find_gcs_addresses():
+            return "auto"
+    except Exception:  # noqa: BLE001 - private API moved: fall back to a local Ray
+        pass
+    return None
+
+
+def replica_bundles(tp_size: int) -> list[dict]:
+    """Placement-group bundles of one replica: one per TP rank. Bundle 0 hosts the replica actor
+    (rank 0 and the server); rank actors of a tensor-parallel replica go in bundles 1..tp_size-1."""
+    return [{"CPU": 1} for _ in range(tp_size)]
+
+
+class RayPools:
+    """Built-in replicas on Ray: connect (or start a local Ray), place, start, and tear down."""
+
+    def __init__(self, cfg: RunConfig, plan: Plan, run_id: str) -> None:
+        self.cfg, self.plan, self.run_id = cfg, plan, run_id
+        self.started_ray = False
+        self.actors: list = []
+        self.groups: list = []
+
+    def local_cpus(self) -> int:
+        """Logical CPUs for a local Ray: every replica bundle fits, even on a 2-core laptop (Ray's CPUs
+        are logical; the replicas then share the real cores)."""
+        replicas = sum(p.replicas for p in (*self.plan.candidates, self.plan.reference))
+        return max(os.cpu_count() or 1, replicas * self.cfg.tp_size + 1)
+
+    def connect(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            return  # an embedding program (or a test) already connected
+        address = resolve_address(self.cfg.address)
+        if address:
+            print(f"connecting to the Ray cluster at {address}")
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            print("starting a local Ray (no --address / RAY_ADDRESS)")
+            ray.init(num_cpus=self.cfg.num_cpus or self.local_cpus(), include_dashboard=False, log_to_driver=False)
+        self.started_ray = True
+
+    def start(self) -> tuple[list[Pool], Pool]:
+        """Create every replica (placement group + actor) and wait until all are healthy."""
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from harness.replica import ReplicaServer
+
+        actor_cls = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=1)(ReplicaServer)
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1)
+        log_dir = os.path.join(tempfile.gettempdir(), "specgate", self.run_id)
+        specs = []
+        for p in (*self.plan.candidates, self.plan.reference):
+            args = server_args(self.cfg, p.engine)
+            engine_cfg = asdict(engine_config(self.cfg, p.engine))
+            for r in range(p.replicas):
+                bundles = replica_bundles(self.cfg.tp_size)
+                kwargs = {}
+                if self.cfg.placement == "STRICT_PACK" and nodes:
+                    kwargs["_soft_target_node_id"] = nodes[len(specs) % len(nodes)]  # spread replicas
+                pg = placement_group(bundles, strategy=self.cfg.placement, **kwargs)
+                self.groups.append(pg)
+                specs.append((p, f"{p.name}-r{r}", args, pg, engine_cfg))
+        try:
+            ray.get([spec[3].ready() for spec in specs], timeout=min(self.cfg.startup_timeout, 120))
+        except ray.exceptions.GetTimeoutError:
+            need = len(specs) * self.cfg.tp_size
+            raise HarnessError(f"placement groups not ready: {len(specs)} replica(s) need {need} CPU(s) "
+                               f"({self.cfg.tp_size} per replica); the cluster has "
+                               f"{ray.cluster_resources().get('CPU', 0):g}") from None
+        for _, rid, args, pg, engine_cfg in specs:
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
+            actor = actor_cls.options(scheduling_strategy=strategy).remote(
+                rid, args, self.cfg.server_command, os.getcwd(), self.cfg.startup_timeout, log_dir, engine_cfg)
+            self.actors.append(actor)
+        try:
+            infos = ray.get([a.info.remote() for a in self.actors], timeout=self.cfg.startup_timeout + 30)
+        except ray.exceptions.GetTimeoutError:
+            raise HarnessError(f"replicas not healthy within {self.cfg.startup_timeout:g}s") from None
+        except ray.exceptions.RayActorError as e:
+            raise HarnessError(f"a replica failed to start: {e}") from None
+        pools: dict[str, Pool] = {}
+        for (p, rid, *_), actor, info in zip(specs, self.actors, infos, strict=True):
+            pool = pools.get(p.name)
+            if pool is None:
+                pool = pools[p.name] = Pool(p.name, p.role, p.engine, [], False, self.cfg.startup_timeout,
+                                            self.cfg.api_key)
+            pool.replicas.append(Replica(rid, info["url"], info["node_id"], actor))
+        cands = [pools[p.name] for p in self.plan.candidates]
+        return cands, pools[self.plan.reference.name]
+
+    def close(self) -> None:
+        """Stop servers, kill actors, remove placement groups; shut down a Ray we started."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        try:
+            ray.get([a.stop.remote() for a in self.actors], timeout=30)
+        except Exception:  # noqa: BLE001 - a dead actor's server is gone already
+            pass
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
+        from ray.util.placement_group import remove_placement_group
+
+        for pg in self.groups:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # noqa: BLE001
+                pass
+        if self.started_ray:
+            ray.shutdown()

@@ -1,0 +1,92 @@
+"""The record contract (docs/records.md): what one answered request produced, and how a record is built.
+
+`Generation` is what a backend hands over; `build_record` turns it and the request
+into the JSON object written to the run's records. Pure functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One finished /generate answer, reduced to what a record needs."""
+
+    output_ids: list[int]
+    output_text: str
+    output_logprobs: list[float]
+    output_top_logprobs: list[list[list]]  # per token: [[logprob, token_id], ...] best first
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    spec_verify_ct: int | None
+    spec_accept_length: float | None
+    spec_trace: list[list[int]] | None
+    ttft: float | None
+    itl: float | None
+    e2e: float
+    abort_message: str | None = None
+
+
+def candidate_key(pool: str, concurrency: int, session_id: str, turn: int) -> str:
+    """`i128-c4/<session_id>/<turn>`: unique per candidate request of a run."""
+    return f"{pool}-c{concurrency}/{session_id}/{turn}"
+
+
+def reference_key(input_hash: str) -> str:
+    return f"ref/{input_hash}"
+
+
+def case_meta(session) -> dict:
+    """The workload case's own metadata, copied into every record of the session."""
+    return {"group": session.group, "targets": session.targets, "interval": session.interval, **session.meta}
+
+
+def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, concurrency: int | None,
+                 replica_id: str | None, node_id: str | None, session, turn: int, input_ids: list[int],
+                 input_hash: str, max_new_tokens: int, gen: Generation | None, t_start: float, retries: int,
+                 error: str | None, tokenizer: str) -> dict:
+    """One JSON-ready record; output fields are empty when `gen` is None (the request failed)."""
+    g = gen
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "key": key,
+        "role": role,
+        "pool": pool,
+        "engine": engine,
+        "interval": engine.get("interval") if role == "candidate" else None,
+        "concurrency": concurrency,
+        "replica_id": replica_id,
+        "node_id": node_id,
+        "suite": session.suite,
+        "case_id": str(session.meta.get("case_id", session.session_id)),
+        "session_id": session.session_id,
+        "turn": turn,
+        "case": case_meta(session),
+        "input_hash": input_hash,
+        "input_len": len(input_ids),
+        "input_ids": list(input_ids),
+        "max_new_tokens": max_new_tokens,
+        "output_ids": g.output_ids if g else [],
+        "output_text": g.output_text if g else "",
+        "output_logprobs": g.output_logprobs if g else [],
+        "output_top_logprobs": g.output_top_logprobs if g else [],
+        "cached_tokens": g.cached_tokens if g else 0,
+        "completion_tokens": g.completion_tokens if g else 0,
+        "finish_reason": g.finish_reason if g else None,
+        "spec_verify_ct": g.spec_verify_ct if g else None,
+        "spec_accept_length": g.spec_accept_length if g else None,
+        "spec_trace": g.spec_trace if g else None,
+        "ttft": g.ttft if g else None,
+        "itl": g.itl if g else None,
+        "e2e": g.e2e if g else None,
+        "t_start": t_start,
+        "retries": retries,
+        "error": error,
+        "tokenizer": tokenizer,
+    }
+

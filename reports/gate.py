@@ -1,0 +1,101 @@
+"""The release gate: turn a run's classified requests into a verdict and an exit status.
+
+Exit status: 0 = gate passed, 1 = gate failed (a threshold was exceeded),
+2 = the harness itself failed (no records, a crashed run, bad arguments). The
+gate never returns 2 for a run that has candidate records; status 2 is set by
+`harness.run` and `reports.render` when there is nothing to judge. These constants are the
+only definition of the exit statuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import pandas as pd
+
+from reports.oracle import MARGIN_THRESHOLD
+
+EXIT_PASS = 0
+EXIT_GATE_FAILED = 1
+EXIT_HARNESS_FAILED = 2
+
+
+@dataclass(frozen=True)
+class GateThresholds:
+    """What a run may contain and still pass. Soft flips are judged as a share of all candidate requests."""
+
+    max_hard: int = 0
+    max_errors: int = 0
+    max_soft_rate: float = 0.02
+    margin_threshold: float = MARGIN_THRESHOLD  # reference top-1/top-2 margin below which a flip is soft
+
+    @classmethod
+    def from_mapping(cls, mapping: dict | None, **overrides) -> GateThresholds:
+        """Thresholds from a mapping (unknown keys ignored), then the non-None `overrides`."""
+        known = {f.name for f in fields(cls)}
+        values = {}
+        given = {k: v for k, v in overrides.items() if v is not None}
+        for name, value in {**(mapping or {}), **given}.items():
+            if name in known and value is not None:
+                values[name] = float(value) if name in ("max_soft_rate", "margin_threshold") else int(value)
+        return cls(**values)
+
+    @classmethod
+    def from_config(cls, config: dict | None, **overrides) -> GateThresholds:
+        """Thresholds from a run's config.json: top-level keys (harness RunConfig), then its `gate` object."""
+        config = config or {}
+        gate = config.get("gate") if isinstance(config.get("gate"), dict) else {}
+        return cls.from_mapping({**config, **gate}, **overrides)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's decision with the counts it was made from."""
+
+    passed: bool
+    exit_code: int
+    reasons: list[str]  # why it failed (empty when it passed)
+    requests: int
+    exact: int
+    soft: int
+    hard: int
+    errors: int
+    thresholds: GateThresholds = field(default_factory=GateThresholds)
+
+    @property
+    def soft_rate(self) -> float:
+        return self.soft / self.requests if self.requests else 0.0
+
+    @property
+    def headline(self) -> str:
+        """One line, e.g. `FAIL: 24 hard mismatches (24/112 requests), 0 errors, 2 soft (1.8%)`."""
+        word = "PASS" if self.passed else "FAIL"
+        noun = "mismatch" if self.hard == 1 else "mismatches"
+        err = "error" if self.errors == 1 else "errors"
+        return (f"{word}: {self.hard} hard {noun} ({self.hard}/{self.requests} requests), "
+                f"{self.errors} {err}, {self.soft} soft ({100 * self.soft_rate:.1f}%)")
+
+
+def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None) -> Verdict:
+    """Judge the requests frame of `reports.analyze` (one row per candidate, column `class`)."""
+    t = thresholds or GateThresholds()
+    counts = df["class"].value_counts() if len(df) else pd.Series(dtype=int)
+    exact, soft, hard, errors = (int(counts.get(c, 0)) for c in ("exact", "soft", "hard", "error"))
+    requests = len(df)
+    reasons = []
+    if requests == 0:
+        reasons.append("no candidate requests were recorded: nothing was tested")
+    if hard > t.max_hard:
+        reasons.append(f"{hard} hard mismatches > allowed {t.max_hard}")
+    if errors > t.max_errors:
+        reasons.append(f"{errors} request errors > allowed {t.max_errors}")
+    # Compare counts, not floats: exactly at the allowed rate passes.
+    if requests and soft > t.max_soft_rate * requests + 1e-9:
+        reasons.append(f"{soft} soft flips = {100 * soft / requests:.2f}% of {requests} requests "
+                       f"> allowed {100 * t.max_soft_rate:.2f}%")
+    passed = not reasons
+    if passed:
+        code = EXIT_PASS
+    else:
+        code = EXIT_HARNESS_FAILED if requests == 0 else EXIT_GATE_FAILED
+    return Verdict(passed, code, reasons, requests, exact, soft, hard, errors, t)
