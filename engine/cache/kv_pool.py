@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.cache.free_list import FreeList
+
 
 class KVPool:
     """K/V tensors [L_attn, num_pages * page_size, Hkv, D] and a free-page list.
@@ -19,28 +21,22 @@ class KVPool:
         shape = (num_layers, num_pages * page_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._free = list(range(num_pages - 1, -1, -1))  # pop() yields the lowest page
+        self._pages = FreeList(num_pages, "KV page")
 
     @property
     def free_pages(self) -> int:
-        return len(self._free)
+        return self._pages.free
 
     @property
     def used_pages(self) -> int:
-        return self.num_pages - len(self._free)
+        return self._pages.used
 
     def alloc(self, n: int) -> list[int] | None:
-        """n pages, or None (nothing taken) when fewer are free."""
-        if n > len(self._free):
-            return None
-        return [self._free.pop() for _ in range(n)]
+        """n pages (lowest first), or None (nothing taken) when fewer are free."""
+        return self._pages.alloc(n)
 
     def free(self, pages: list[int]) -> None:
-        if not pages:
-            return
-        self._free.extend(pages)
-        self._free.sort(reverse=True)
-        assert len(self._free) == len(set(self._free)) <= self.num_pages, "KV page freed twice"
+        self._pages.release(pages)
 
     def slots(self, pages: list[int], start: int, end: int) -> torch.Tensor:
         """KV-pool slot of every position in [start, end) of a sequence with this page table."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.cache.free_list import FreeList
+
 
 class StatePool:
     def __init__(self, num_layers: int, num_slots: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
@@ -17,21 +19,19 @@ class StatePool:
         # fp32 states, whatever the activation dtype: the recurrence accumulates
         self.rec = torch.zeros(num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim, device=device)
         self.conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, device=device)
-        self._free = list(range(num_slots - 1, -1, -1))
+        self._slots = FreeList(num_slots, "state slot")
 
     @property
     def free_slots(self) -> int:
-        return len(self._free)
+        return self._slots.free
 
     @property
     def used_slots(self) -> int:
-        return self.num_slots - len(self._free)
+        return self._slots.used
 
     def alloc(self, n: int = 1) -> list[int] | None:
         """n free slots (bookkeeping only: the runner zeroes them, on every rank), or None."""
-        if n > len(self._free):
-            return None
-        return [self._free.pop() for _ in range(n)]
+        return self._slots.alloc(n)
 
     def zero(self, slots: list[int]) -> None:
         """A fresh sequence starts from the zero state."""
@@ -40,11 +40,7 @@ class StatePool:
         self.conv[:, idx] = 0
 
     def free(self, slots: list[int]) -> None:
-        if not slots:
-            return
-        self._free.extend(slots)
-        self._free.sort(reverse=True)
-        assert len(self._free) == len(set(self._free)) <= self.num_slots, "state slot freed twice"
+        self._slots.release(slots)
 
     def copy(self, src: int, dst: int) -> None:
         """Checkpoint: dst <- src for every layer (recurrent state and conv window together)."""
