@@ -19,12 +19,18 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings, matched on decoded output text
     seed: int | None = None
+    # no stop condition (EOS, stop_token_ids, stop strings) ends the request before this many tokens
+    # (vLLM's min_tokens / SGLang's min_new_tokens); the length limit still applies
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(f"min_new_tokens must be in 0..max_new_tokens ({self.max_new_tokens}), "
+                             f"got {self.min_new_tokens}")
 
 
 @dataclass(frozen=True)

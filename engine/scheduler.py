@@ -17,10 +17,25 @@ import torch
 from engine.cache.radix import RadixCache
 from engine.config import EngineConfig
 from engine.faults import INSERT_WORKING_STATE, active
-from engine.io_struct import GenerateOutput, GenerateRequest
+from engine.io_struct import GenerateOutput, GenerateRequest, SamplingParams
 from engine.req import Req
 from engine.sampling import logprob_info
 from protocol.tokenizer import BYTE_TOKENIZER, EOS_ID
+
+
+def stop_reason(token: int, output_ids: list[int], sp: SamplingParams) -> dict | None:
+    """SGLang's `finish_reason` when `token` (just appended to `output_ids`) ends the request on a stop
+    condition: EOS unless ignored, a stop token id, or a stop string in the recent text; else None."""
+    if token == EOS_ID and not sp.ignore_eos:
+        return {"type": "stop", "matched": token}
+    if token in sp.stop_token_ids:
+        return {"type": "stop", "matched": token}
+    if sp.stop:
+        text = BYTE_TOKENIZER.decode(output_ids[-64:])
+        matched = next((s for s in sp.stop if s in text), None)
+        if matched is not None:
+            return {"type": "stop", "matched": matched}
+    return None
 
 
 class CapacityError(ValueError):
@@ -167,14 +182,9 @@ class Scheduler:
             out.output_top_logprobs.append(top)
         self.counters["generation_tokens"] += 1
         r.pending = token
-        if token == EOS_ID and not sp.ignore_eos:
-            out.finish_reason = {"type": "stop", "matched": token}
-        elif token in sp.stop_token_ids:
-            out.finish_reason = {"type": "stop", "matched": token}
-        elif sp.stop and any(s in BYTE_TOKENIZER.decode(out.output_ids[-64:]) for s in sp.stop):
-            matched = next(s for s in sp.stop if s in BYTE_TOKENIZER.decode(out.output_ids[-64:]))
-            out.finish_reason = {"type": "stop", "matched": matched}
-        elif len(out.output_ids) >= sp.max_new_tokens:
+        if len(out.output_ids) >= sp.min_new_tokens:  # vLLM's stop checker: no stop before min_tokens
+            out.finish_reason = stop_reason(token, out.output_ids, sp)
+        if out.finish_reason is None and len(out.output_ids) >= sp.max_new_tokens:
             out.finish_reason = {"type": "length", "length": len(out.output_ids)}
         if out.finish_reason is not None:
             out.finished = True

@@ -30,6 +30,7 @@ from engine.server.state import (
     stream_events,
 )
 from engine.server.validate import ApiError, parse_generate
+from protocol.tokenizer import BYTE_TOKENIZER_JSON
 
 log = logging.getLogger("specgate.server")
 
@@ -118,16 +119,22 @@ async def handle_server_info(request: web.Request) -> web.Response:
         max_body_bytes=state.max_body_bytes, draining=state.draining,
         # SGLang reports the running accept length here
         internal_states=[{"avg_spec_accept_length": info.get("avg_accept_length", 0.0)}],
+        **tokenizer_info(),
     )
     return web.json_response(info)
+
+
+def tokenizer_info() -> dict:
+    """The tokenizer keys of /server_info and /model_info: harnesses load the exported tokenizer.json from here."""
+    return {"tokenizer": "byte", "tokenizer_path": str(BYTE_TOKENIZER_JSON)}
 
 
 async def handle_model_info(request: web.Request) -> web.Response:
     state = state_of(request)
     cfg = state.cfg
     return web.json_response({
-        "model_path": cfg.model_path, "served_model_name": state.model_name, "tokenizer_path": None,
-        "tokenizer": "byte", "is_generation": True, "model_type": "specgate-hybrid",
+        "model_path": cfg.model_path, "served_model_name": state.model_name, **tokenizer_info(),
+        "is_generation": True, "model_type": "specgate-hybrid",
         "model_preset": cfg.model_preset if cfg.model_path == "random" else None,
         "vocab_size": state.limits.vocab_size, "max_context_length": state.limits.max_context,
         "preferred_sampling_params": None, "weight_version": "default",

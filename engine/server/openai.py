@@ -1,43 +1,33 @@
-"""OpenAI-compatible endpoints: POST /v1/completions and GET /v1/models, so third-party load tools can drive us.
+"""OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions (chat.py), GET /v1/models.
 
-Only single-prompt, single-choice completions; OpenAI fields this engine does
-not implement are accepted at their no-op values and rejected otherwise,
-naming the field. vLLM/SGLang extensions `ignore_eos`, `stop_token_ids` and
-`top_k` (-1) are accepted, as their benchmark clients send them.
+One prompt and one choice per request. Which fields are honoured, accepted at a
+no-op value or ignored is in openai_params.py (and docs/server.md); anything
+else is a 400 naming the field. vLLM's answer extensions are supported:
+`return_token_ids` (prompt_token_ids and token_ids in the choice),
+`return_tokens_as_token_ids` (logprob tokens as "token_id:N") and
+`stream_options.continuous_usage_stats` (usage on every chunk).
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 
 from aiohttp import web
 
-from engine.io_struct import GenerateOutput, GenerateRequest
+from engine.io_struct import GenerateOutput
 from engine.server.format import finite, output_text, sse, text_offsets, token_str
-from engine.server.state import final_output, generation, read_json, state_of, stream_events
-from engine.server.validate import (
-    GenerateCall,
-    Limits,
-    bad,
-    check_default,
-    get_bool,
-    get_int,
-    parse_sampling,
-    prompt_ids,
-    reject_unknown,
-    show,
+from engine.server.openai_params import (
+    COMPLETION_FIELDS,
+    COMPLETION_NOOPS,
+    AnswerOptions,
+    build_call,
+    check_common,
+    top_logprobs_arg,
 )
+from engine.server.state import final_output, generation, read_json, state_of, stream_events
+from engine.server.validate import GenerateCall, Limits, bad, prompt_ids, show
 from protocol.tokenizer import BYTE_TOKENIZER
 
-MAX_LOGPROBS = 20
-COMPLETION_NOOPS: dict[str, tuple] = {
-    "top_p": (1.0,), "n": (1,), "echo": (False,), "presence_penalty": (0.0,), "frequency_penalty": (0.0,),
-    "best_of": (1,), "suffix": (), "top_k": (-1,), "min_tokens": (0,), "repetition_penalty": (1.0,),
-}
-COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "stream", "stream_options", "logprobs", "stop",
-                     "seed", "user", "logit_bias", "ignore_eos", "stop_token_ids", "skip_special_tokens",
-                     *COMPLETION_NOOPS}
 FINISH = {"length": "length", "stop": "stop", "abort": "abort"}
 
 
@@ -54,55 +44,38 @@ def one_prompt(prompt):
     raise bad("prompt", f"must be a string or a list of token ids, got {show(prompt)}")
 
 
-def parse_completion(body: dict, limits: Limits) -> tuple[GenerateCall, int | None, bool]:
-    """(call, logprobs top-k or None, include_usage) from a /v1/completions body."""
-    reject_unknown(body, COMPLETION_FIELDS, "")
-    for key, allowed in COMPLETION_NOOPS.items():
-        check_default(body, key, key, allowed)
-    if body.get("logit_bias") not in (None, {}):
-        raise bad("logit_bias", "not supported by this engine (only null or {} is accepted)")
-    for key in ("model", "user"):
-        if body.get(key) is not None and not isinstance(body[key], str):
-            raise bad(key, f"must be a string, got {show(body[key])}")
+def parse_completion(body: dict, limits: Limits) -> tuple[GenerateCall, AnswerOptions]:
+    """The engine call and answer options of a /v1/completions body."""
+    check_common(body, COMPLETION_FIELDS, COMPLETION_NOOPS)
     if "prompt" not in body or body["prompt"] is None:
         raise bad("prompt", "is required")
     text, ids = one_prompt(body["prompt"])
     _, ids = prompt_ids(text, ids, limits, text_field="prompt", ids_field="prompt")
-    params, skip_special, _ = parse_sampling(body, "", limits, default_max_new=16, max_new_key="max_tokens",
-                                             default_temperature=1.0)
-    logprobs = get_int(body, "logprobs", "logprobs", None, lo=0, hi=MAX_LOGPROBS)
-    stream = get_bool(body, "stream", "stream", False)
-    include_usage = False
-    opts = body.get("stream_options")
-    if opts is not None:
-        if not stream:
-            raise bad("stream_options", "only allowed when stream is true")
-        if not isinstance(opts, dict):
-            raise bad("stream_options", f"must be a JSON object, got {show(opts)}")
-        reject_unknown(opts, {"include_usage"}, "stream_options")
-        include_usage = get_bool(opts, "include_usage", "stream_options.include_usage", False)
-    req = GenerateRequest(rid=f"cmpl-{uuid.uuid4().hex}", input_ids=ids, sampling=params,
-                          return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0)
-    call = GenerateCall(req=req, stream=stream, return_logprob=logprobs is not None,
-                        top_logprobs_num=logprobs or 0, skip_special_tokens=skip_special)
-    return call, logprobs, include_usage
+    return build_call(body, ids, limits, default_max_new=16, max_new_key="max_tokens",
+                      logprobs=top_logprobs_arg(body, "logprobs"), prefix="cmpl")
 
 
-def completion_logprobs(out: GenerateOutput, start: int, skip_special: bool) -> dict:
+def token_name(token_id: int, as_ids: bool) -> str:
+    """A token as OpenAI logprobs name it: its text, or vLLM's "token_id:N" with return_tokens_as_token_ids."""
+    return f"token_id:{token_id}" if as_ids else token_str(token_id)
+
+
+def completion_logprobs(out: GenerateOutput, start: int, call: GenerateCall, opts: AnswerOptions) -> dict:
     """OpenAI's legacy logprobs object for output tokens [start:]; top_logprobs include the chosen token."""
-    ids = out.output_ids
-    offsets = text_offsets(ids, skip_special)
+    ids, as_ids = out.output_ids, opts.tokens_as_ids
+    offsets = text_offsets(ids, call.skip_special_tokens)
     top = []
     for i in range(start, len(ids)):
-        entry = {token_str(t): finite(lp) for lp, t in out.output_top_logprobs[i]}
-        entry.setdefault(token_str(ids[i]), finite(out.output_logprobs[i]))
+        entry = {token_name(t, as_ids): finite(lp) for lp, t in out.output_top_logprobs[i]}
+        entry.setdefault(token_name(ids[i], as_ids), finite(out.output_logprobs[i]))
         top.append(entry)
-    return {"tokens": [token_str(t) for t in ids[start:]],
+    return {"tokens": [token_name(t, as_ids) for t in ids[start:]],
             "token_logprobs": [finite(lp) for lp in out.output_logprobs[start:]],
             "top_logprobs": top, "text_offset": offsets[start:]}
 
 
 def usage(out: GenerateOutput) -> dict:
+    """OpenAI usage (so far, for a continuous-usage chunk), with vLLM's cached_tokens detail."""
     return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
             "total_tokens": out.prompt_tokens + out.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
@@ -114,13 +87,14 @@ def finish_reason(out: GenerateOutput) -> str | None:
     return FINISH.get(out.finish_reason.get("type"), "stop")
 
 
-class CompletionStream:
-    """Turns cumulative engine snapshots into OpenAI's incremental stream chunks."""
+class DeltaStream:
+    """Turns cumulative engine snapshots into OpenAI's incremental stream chunks (`chunk` shapes one)."""
 
-    def __init__(self, head: dict, call: GenerateCall, logprobs: int | None, include_usage: bool):
-        self.head, self.call, self.logprobs, self.include_usage = head, call, logprobs, include_usage
+    def __init__(self, head: dict, call: GenerateCall, opts: AnswerOptions):
+        self.head, self.call, self.opts = head, call, opts
         self.sent_chars = 0
         self.sent_tokens = 0
+        self.first = True  # the first chunk carries the prompt's token ids (vLLM) and the chat role
         self.hold = max((len(s) for s in call.req.sampling.stop), default=1) - 1
 
     def stable_text(self, out: GenerateOutput) -> str:
@@ -130,36 +104,50 @@ class CompletionStream:
         text = BYTE_TOKENIZER.decode(out.output_ids, keep_special=not self.call.skip_special_tokens).rstrip("\ufffd")
         return text[: len(text) - self.hold] if self.hold else text
 
+    def chunk(self, out: GenerateOutput, delta: str, start: int) -> dict:
+        raise NotImplementedError
+
     def events(self, out: GenerateOutput) -> list[bytes]:
         text = self.stable_text(out)
         delta = text[self.sent_chars:]
-        new_tokens = len(out.output_ids) > self.sent_tokens
-        if not delta and not new_tokens and not out.finished:
+        if not delta and len(out.output_ids) == self.sent_tokens and not out.finished:
             return []
-        lp = completion_logprobs(out, self.sent_tokens, self.call.skip_special_tokens) \
-            if self.logprobs is not None else None
+        chunk = self.chunk(out, delta, self.sent_tokens)
+        self.first = False
         self.sent_chars = max(self.sent_chars, len(text))
         self.sent_tokens = len(out.output_ids)
-        chunk = dict(self.head, choices=[{"index": 0, "text": delta, "logprobs": lp,
-                                          "finish_reason": finish_reason(out)}])
+        if self.opts.continuous_usage:
+            chunk["usage"] = usage(out)
         events = [sse(chunk)]
-        if out.finished and self.include_usage:
+        if out.finished and self.opts.include_usage:
             events.append(sse(dict(self.head, choices=[], usage=usage(out))))
         return events
 
 
+class CompletionStream(DeltaStream):
+    def chunk(self, out: GenerateOutput, delta: str, start: int) -> dict:
+        lp = completion_logprobs(out, start, self.call, self.opts) if self.opts.logprobs is not None else None
+        choice = {"index": 0, "text": delta, "logprobs": lp, "finish_reason": finish_reason(out)}
+        if self.opts.return_token_ids:
+            choice["token_ids"] = list(out.output_ids[start:])
+            if self.first:
+                choice["prompt_token_ids"] = list(self.call.req.input_ids)
+        return dict(self.head, choices=[choice])
+
+
 async def handle_completions(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
-    call, logprobs, include_usage = parse_completion(await read_json(request), state.limits)
+    call, opts = parse_completion(await read_json(request), state.limits)
     head = {"id": call.req.rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
     async with generation(request, call.req) as (first, agen):
         if call.stream:
-            stream = CompletionStream(head, call, logprobs, include_usage)
-            return await stream_events(request, first, agen, stream.events)
+            return await stream_events(request, first, agen, CompletionStream(head, call, opts).events)
         out = await final_output(request, first, agen)
     choice = {"index": 0, "text": output_text(out, call.skip_special_tokens),
-              "logprobs": completion_logprobs(out, 0, call.skip_special_tokens) if logprobs is not None else None,
+              "logprobs": completion_logprobs(out, 0, call, opts) if opts.logprobs is not None else None,
               "finish_reason": finish_reason(out)}
+    if opts.return_token_ids:
+        choice.update(prompt_token_ids=list(call.req.input_ids), token_ids=list(out.output_ids))
     return web.json_response(dict(head, system_fingerprint=None, choices=[choice], usage=usage(out)))
 
 
@@ -171,5 +159,8 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 def add_openai_routes(app: web.Application) -> None:
+    from engine.server.chat import handle_chat
+
     app.router.add_post("/v1/completions", handle_completions)
+    app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", handle_models)

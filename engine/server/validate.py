@@ -202,11 +202,12 @@ def check_rid(v) -> str:
 # SGLang sampling fields this engine does not implement, accepted at their no-op values
 SAMPLING_NOOPS: dict[str, tuple] = {
     "top_p": (1.0,), "top_k": (-1,), "min_p": (0.0,), "frequency_penalty": (0.0,), "presence_penalty": (0.0,),
-    "repetition_penalty": (1.0,), "min_new_tokens": (0,), "n": (1,), "json_schema": (), "regex": (),
+    "repetition_penalty": (1.0,), "n": (1,), "json_schema": (), "regex": (),
     "ebnf": (), "structural_tag": (), "logit_bias": (), "custom_params": (),
 }
-SAMPLING_FIELDS = {"temperature", "max_new_tokens", "ignore_eos", "stop", "stop_token_ids", "seed", "sampling_seed",
-                   "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", *SAMPLING_NOOPS}
+SAMPLING_FIELDS = {"temperature", "max_new_tokens", "min_new_tokens", "ignore_eos", "stop", "stop_token_ids", "seed",
+                   "sampling_seed", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+                   *SAMPLING_NOOPS}
 # top-level SGLang fields accepted at their no-op value
 GENERATE_NOOPS: dict[str, tuple] = {"lora_path": (), "image_data": (), "audio_data": (), "video_data": (),
                                     "input_embeds": (), "return_hidden_states": (False,),
@@ -229,11 +230,13 @@ class GenerateCall:
 
 
 def parse_sampling(sp: dict, path: str, limits: Limits, default_max_new: int, max_new_key: str = "max_new_tokens",
-                   default_temperature: float = 1.0) -> tuple[SamplingParams, bool, bool]:
+                   default_temperature: float = 1.0, min_new_key: str = "min_new_tokens"
+                   ) -> tuple[SamplingParams, bool, bool]:
     """(SamplingParams, skip_special_tokens, no_stop_trim) from a sampling dict; `path` prefixes field names."""
     p = f"{path}." if path else ""
     temperature = get_float(sp, "temperature", f"{p}temperature", default_temperature, lo=0.0)
     max_new = get_int(sp, max_new_key, f"{p}{max_new_key}", default_max_new, lo=0, hi=limits.max_context)
+    min_new = get_int(sp, min_new_key, f"{p}{min_new_key}", 0, lo=0, hi=max_new)  # no stop before it
     seed = get_int(sp, "seed", f"{p}seed", None, lo=0, hi=MAX_SEED)
     if seed is None and "sampling_seed" in sp:
         seed = get_int(sp, "sampling_seed", f"{p}sampling_seed", None, lo=0, hi=MAX_SEED)
@@ -242,7 +245,7 @@ def parse_sampling(sp: dict, path: str, limits: Limits, default_max_new: int, ma
         temperature=temperature, max_new_tokens=max_new,  # below sampling.GREEDY_BELOW is greedy
         ignore_eos=get_bool(sp, "ignore_eos", f"{p}ignore_eos", False),
         stop_token_ids=() if stop_ids is None else get_token_ids(stop_ids, f"{p}stop_token_ids", limits, True),
-        stop=get_stop(sp, "stop", f"{p}stop"), seed=seed,
+        stop=get_stop(sp, "stop", f"{p}stop"), seed=seed, min_new_tokens=min_new,
     )
     skip_special = get_bool(sp, "skip_special_tokens", f"{p}skip_special_tokens", True)
     get_bool(sp, "spaces_between_special_tokens", f"{p}spaces_between_special_tokens", True)  # byte tokens: no-op

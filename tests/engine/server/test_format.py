@@ -10,6 +10,7 @@ from engine.io_struct import GenerateOutput, GenerateRequest, SamplingParams
 from engine.server.format import output_text, text_offsets, token_str
 from engine.server.metrics import render
 from engine.server.openai import CompletionStream
+from engine.server.openai_params import AnswerOptions
 from engine.server.validate import GenerateCall
 from protocol.tokenizer import EOS_ID
 
@@ -42,7 +43,7 @@ def test_text_offsets_and_token_strings():
 
 def test_completion_stream_holds_back_partial_characters_and_stop_prefixes():
     req = GenerateRequest(rid="c", input_ids=(1,), sampling=SamplingParams(stop=("END",)))
-    stream = CompletionStream({"id": "c"}, GenerateCall(req=req), None, include_usage=False)
+    stream = CompletionStream({"id": "c"}, GenerateCall(req=req), AnswerOptions())
 
     def delta(ids, reason=None):
         (ev,) = stream.events(out(ids, reason, finished=reason is not None))

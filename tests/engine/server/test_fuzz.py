@@ -45,6 +45,18 @@ valid_completion = st.fixed_dictionaries(
               "echo": st.just(False), "ignore_eos": st.booleans(), "n": st.just(1), "user": st.text(max_size=5)},
 ).map(lambda b: dict(b, stream_options={"include_usage": True}) if b.get("stream") else b)
 
+text_parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=10)}), max_size=2)
+chat_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "developer"]),
+                                      "content": st.one_of(st.text(max_size=20), text_parts)})
+valid_chat = st.fixed_dictionaries(
+    {"messages": st.lists(chat_message, min_size=1, max_size=3), "max_completion_tokens": st.integers(0, 4)},
+    optional={"model": st.text(max_size=8), "temperature": st.floats(0, 2), "stream": st.booleans(),
+              "logprobs": st.booleans(), "ignore_eos": st.booleans(), "min_tokens": st.integers(0, 0),
+              "return_token_ids": st.booleans(), "seed": st.integers(0, 10), "nvext": st.just({"ignore_eos": True}),
+              "chat_template_kwargs": st.just({"enable_thinking": False})},
+).map(lambda b: dict(b, stream_options={"include_usage": True, "continuous_usage_stats": True})
+      if b.get("stream") else b)
+
 GENERATE_KEYS = ["text", "input_ids", "rid", "return_logprob", "top_logprobs_num", "logprob_start_len", "stream",
                  "return_text_in_logprobs", "lora_path"]
 SAMPLING_KEYS = ["temperature", "ignore_eos", "stop", "stop_token_ids", "seed", "top_p", "top_k",
@@ -77,6 +89,10 @@ def mutated(draw, valid, top_keys, nested: str | None, nested_keys, length_key: 
 generate_bodies = mutated(valid_generate, GENERATE_KEYS + ["sampling_params"], "sampling_params",
                           SAMPLING_KEYS + ["max_new_tokens"], "max_new_tokens")
 completion_bodies = mutated(valid_completion, COMPLETION_KEYS + ["max_tokens"], None, [], "max_tokens")
+CHAT_KEYS = ["messages", "model", "temperature", "logprobs", "top_logprobs", "stream", "stop", "seed", "n",
+             "stream_options", "ignore_eos", "min_tokens", "return_token_ids", "nvext", "add_generation_prompt",
+             "continue_final_message", "tools", "response_format"]
+chat_bodies = mutated(valid_chat, CHAT_KEYS + ["max_completion_tokens"], None, [], "max_completion_tokens")
 
 
 def encode(body: dict) -> bytes:
@@ -150,3 +166,24 @@ def test_fuzz_raw_bytes(server, raw, path):
 def test_healthy_after_fuzz(server):
     assert server.call("GET", "/health").status == 200
     assert server.metrics()["specgate_engine_healthy"] == 1
+
+
+def check_chat(ans: dict, final: bool) -> None:
+    assert ans["object"] in ("chat.completion", "chat.completion.chunk")
+    if ans["choices"]:
+        (choice,) = ans["choices"]
+        msg = choice.get("message") or choice["delta"]
+        assert isinstance(msg.get("content", ""), str)
+        assert choice["finish_reason"] in ((None, "length", "stop") if not final else ("length", "stop"))
+    else:
+        assert ans["usage"]["total_tokens"] >= 1
+
+
+@FUZZ
+@given(case=chat_bodies)
+def test_fuzz_chat(server, case):
+    body, valid = case
+    r = server.call("POST", "/v1/chat/completions", raw=encode(body))
+    event(f"status {r.status}")
+    assert r.status == 200 or not valid, r.body[:300]
+    check_reply(r, body.get("stream") is True, check_chat)
