@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
+from harness.backends import BACKENDS
 from harness.config import PLACEMENTS, ConfigError, RunConfig, flag, kind_of
 
 
@@ -65,6 +66,7 @@ def _cmd(value):
     return tuple(items)
 
 
+CHOICES = {"placement": PLACEMENTS, "backend": BACKENDS}
 CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "strs": _strs, "cmd": _cmd}
 
 
@@ -96,8 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag(name), action="append", metavar="URL", help="repeatable; " + help_text)
         elif kind == "ints":
             p.add_argument(flag(name), metavar="N,N,...", help=help_text)
-        elif name == "placement":
-            p.add_argument(flag(name), choices=PLACEMENTS, help=help_text)
+        elif name in CHOICES:
+            p.add_argument(flag(name), choices=CHOICES[name], help=help_text)
         else:
             p.add_argument(flag(name), metavar=kind.upper() if kind != "cmd" else "'CMD ARGS'", help=help_text)
     return p

@@ -18,7 +18,7 @@ KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd")  # ints: comma li
 
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "intervals", "concurrency", "block_size", "model_path",
-                "model_preset", "inject_fault", "page_size", "tp_size", "server_command")
+                "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer")
 GATE = GateThresholds()  # the gate's defaults, defined once in reports/gate.py
 
 
@@ -61,6 +61,11 @@ class RunConfig:
     endpoint: tuple[str, ...] = setting((), "strs", "an already-running candidate server (repeatable); no Ray "
                                         "replicas then")
     reference_endpoint: tuple[str, ...] = setting((), "strs", "an already-running cold-path server (repeatable)")
+    backend: str = setting("sglang", "str", "protocol of the --endpoint servers: sglang (native /generate, as the "
+                           "built-in engine) or openai (/v1/completions: vLLM and other OpenAI-compatible servers)")
+    tokenizer: str | None = setting(None, "str", "the target's tokenizer: a tokenizer.json or a local model "
+                                    "directory (default: the server's tokenizer_path when readable); nothing is "
+                                    "downloaded")
     api_key: str | None = setting(None, "str", "sent as 'Authorization: Bearer KEY' (and given to built-in "
                                   "replicas)")
     request_timeout: float = setting(600.0, "float", "seconds per request")
@@ -152,12 +157,26 @@ def validate(c: RunConfig) -> None:
     for url in c.endpoint + c.reference_endpoint:
         need(re.match(r"^https?://[^/\s]+", url) is not None,
              f"--endpoint / --reference-endpoint must be http(s)://host:port URLs, got {url!r}")
+    validate_backend(c, need)
     need(not c.reference_endpoint or c.endpoint, "--reference-endpoint needs --endpoint (external candidates)")
     need(not c.endpoint or c.reference_endpoint,
          "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
          "the same model, served without speculation and without radix cache")
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
+
+
+def validate_backend(c: RunConfig, need) -> None:
+    """--backend and --tokenizer."""
+    from harness.backends import BACKENDS
+
+    need(c.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {c.backend!r}")
+    need(c.backend == "sglang" or c.external, f"--backend {c.backend} drives already-running servers: give "
+         "--endpoint and --reference-endpoint (built-in replicas speak sglang)")
+    path = c.tokenizer
+    need(path is None or bool(path) and (not path.startswith((".", "/", "~")) and not path.endswith(".json")
+                                         or Path(path).expanduser().exists()),
+         f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
 
 
 def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path) -> RunConfig:

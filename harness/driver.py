@@ -17,12 +17,12 @@ from functools import partial
 
 import aiohttp
 
-from harness.backends import sglang as client
+from harness.backends import ReplicaFailure, RequestError
 from harness.pools import Pool, Replica
 from harness.progress import Progress
 from records.jsonl import RecordFiles
 from records.rundir import REFERENCE_FILE, candidate_file, input_hash
-from records.schema import build_record, candidate_key, reference_key
+from records.schema import Generation, build_record, candidate_key, reference_key
 
 
 def differs(candidate: dict, reference: dict) -> bool:
@@ -122,7 +122,7 @@ class Driver:
         h = input_hash(ids)
         max_new = session.turns[turn].max_new_tokens
         ref = self.reference_for(ids, h, max_new, session, turn)
-        payload = client.generate_payload("", ids, max_new, stream=True)
+        payload = pool.backend.payload(ids, max_new, stream=True)
         t_start = time.time()
         self.sent[pool.name] = self.sent.get(pool.name, 0) + 1
         replica, gen, retries, error = await self.send(pool, index, payload, key)
@@ -152,7 +152,7 @@ class Driver:
     async def _serve_reference(self, ids: list[int], h: str, max_new: int, session, turn: int) -> dict:
         key = reference_key(h)
         async with self.ref_sem:
-            payload = client.generate_payload("", ids, max_new, stream=False)
+            payload = self.reference.backend.payload(ids, max_new, stream=False)
             t_start = time.time()
             replica, gen, retries, error = await self.send(self.reference, int(h[:8], 16), payload, key)
         rec = self._record(self.reference, replica, None, session, turn, ids, max_new, gen, t_start, retries,
@@ -162,7 +162,7 @@ class Driver:
         return rec
 
     async def send(self, pool: Pool, preferred: int, payload: dict, key: str
-                   ) -> tuple[Replica | None, client.Generation | None, int, str | None]:
+                   ) -> tuple[Replica | None, Generation | None, int, str | None]:
         """POST to the preferred healthy replica, re-sending after replica failures.
 
         Returns (replica, answer or None, retries, error or None).
@@ -176,8 +176,8 @@ class Driver:
             payload["rid"] = f"{self.run_id}:{key}" + (f"#retry{retries}" if retries else "")
             url = replica.url
             try:
-                gen = await client.generate(self.http, url, payload, self.request_timeout, self.api_key)
-            except client.ReplicaFailure as e:
+                gen = await pool.backend.generate(self.http, url, payload, self.request_timeout)
+            except ReplicaFailure as e:
                 last = f"{replica.replica_id}: {e}"
                 pool.mark_failed(replica, url, self.http)
                 if retries >= self.max_retries:
@@ -185,7 +185,7 @@ class Driver:
                 retries += 1
                 self.progress.retry()
                 continue
-            except client.RequestError as e:
+            except RequestError as e:
                 return replica, None, retries, str(e)
             return replica, gen, retries, f"abort: {gen.abort_message}" if gen.abort_message else None
 

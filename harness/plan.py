@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.server.config import to_argv
+from harness.backends.info import block_size_of, probe_lines, speculative, strategy_of
 from harness.config import RunConfig
 
 REFERENCE_POOL = "reference"
@@ -75,18 +76,15 @@ def server_args(cfg: RunConfig, engine: EngineSpec) -> list[str]:
 
 def engine_from_server_info(info: dict, url: str) -> EngineSpec:
     """The EngineSpec an external server reports in /server_info (SGLang's server-args names)."""
-    algo = str(info.get("speculative_algorithm") or "NONE").upper()
-    speculative = algo not in ("NONE", "")
     interval = info.get("mamba_track_interval")
     radix = not info.get("disable_radix_cache", False)
     return EngineSpec(
         interval=int(interval) if interval is not None else None,
-        block_size=int(info["speculative_num_draft_tokens"])
-        if speculative and info.get("speculative_num_draft_tokens") else None,
-        strategy=info.get("mamba_radix_cache_strategy") if radix else None,
+        block_size=block_size_of(info),  # DFlash builds may report speculative_dflash_block_size only
+        strategy=strategy_of(info) if radix else None,  # either SGLang spelling of the strategy
         tp=int(info.get("tp_size") or 1),
         fault=info.get("inject_fault"),
-        speculative=speculative,
+        speculative=speculative(info),
         radix_cache=radix,
     )
 
@@ -101,6 +99,7 @@ class PoolPlan:
     replicas: int
     sessions: tuple = ()  # workloads Session objects (candidates only)
     endpoints: tuple[str, ...] = ()  # external servers; empty for built-in replicas
+    server_infos: tuple[dict, ...] = ()  # their probed /server_info, one per endpoint
 
     @property
     def requests_per_point(self) -> int:
@@ -138,6 +137,7 @@ class Plan:
             lines.append(f"pool {p.name}: {p.replicas} replica(s), tp {e.tp}, {what}")
             if p.endpoints:
                 lines.append("  endpoints: " + ", ".join(p.endpoints))
+                lines += probe_lines(p.server_infos)
             if not cfg.external:
                 lines.append("  server: " + " ".join(server_args(cfg, e)).replace(cfg.api_key or "\0", "***"))
         for p in self.candidates:
@@ -188,12 +188,12 @@ def external_plan(cfg: RunConfig, sessions: list, infos: dict[str, dict]) -> Pla
             raise ValueError(f"endpoints with interval {interval} disagree on the block size: {sorted(blocks)}")
         urls = tuple(u for u, _ in members)
         cands.append(PoolPlan(f"i{interval}", "candidate", members[0][1], len(urls),
-                              sessions_for(sessions, interval), urls))
+                              sessions_for(sessions, interval), urls, tuple(infos[u] for u in urls)))
     ref_infos = [engine_from_server_info(infos[u], u) for u in cfg.reference_endpoint]
     for url, e in zip(cfg.reference_endpoint, ref_infos, strict=True):
         if e.speculative or e.radix_cache:
             raise ValueError(f"reference endpoint {url}: the oracle must run without speculation and with "
                              "--disable-radix-cache")
     ref = PoolPlan(REFERENCE_POOL, "reference", ref_infos[0], len(cfg.reference_endpoint),
-                   endpoints=cfg.reference_endpoint)
+                   endpoints=cfg.reference_endpoint, server_infos=tuple(infos[u] for u in cfg.reference_endpoint))
     return Plan(tuple(cands), ref, cfg.concurrency, skipped(sessions, set(by_interval)))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from harness.backends import sglang as client
+from harness.backends import Backend, ReplicaFailure, make_backend
 from harness.plan import EngineSpec, Plan, PoolPlan
 
 
@@ -40,11 +40,12 @@ class Pool:
     """A named group of replicas running the same engine settings."""
 
     def __init__(self, name: str, role: str, engine: EngineSpec, replicas: list[Replica], external: bool,
-                 recover_timeout: float, api_key: str | None = None) -> None:
+                 recover_timeout: float, api_key: str | None = None, backend: Backend | None = None) -> None:
         self.name, self.role, self.engine, self.replicas = name, role, engine, replicas
         self.external = external
         self.recover_timeout = recover_timeout
         self.api_key = api_key
+        self.backend = backend or make_backend("sglang", api_key)  # how its servers are spoken to
         self.server_info: dict = {}
 
     def engine_record(self, replica: Replica | None) -> dict:
@@ -87,7 +88,7 @@ class Pool:
                 except Exception:  # noqa: BLE001 - actor dead/restarting: ask again
                     await asyncio.sleep(0.2)
                     continue
-            if await client.health(http, url):
+            if await self.backend.health(http, url):
                 replica.url, replica.node_id, replica.healthy = url, node_id, True
                 return
             await asyncio.sleep(0.2)
@@ -100,8 +101,8 @@ class Pool:
         for r in self.replicas:
             if r.healthy:
                 try:
-                    await client.flush_cache(http, r.url, self.api_key)
-                except client.ReplicaFailure:
+                    await self.backend.flush(http, r.url)
+                except ReplicaFailure:
                     self.mark_failed(r, r.url, http)
 
 
@@ -109,11 +110,12 @@ async def _await_ref(ref):
     return await ref
 
 
-def external_pools(plan: Plan, api_key: str | None, recover_timeout: float) -> tuple[list[Pool], Pool]:
-    """Pools over already-running servers (no Ray)."""
+def external_pools(plan: Plan, api_key: str | None, recover_timeout: float, backend: Backend | None = None
+                   ) -> tuple[list[Pool], Pool]:
+    """Pools over already-running servers (no Ray), spoken to through `backend` (default: SGLang's API)."""
     def make(p: PoolPlan) -> Pool:
         reps = [Replica(f"{p.name}-r{k}", url) for k, url in enumerate(p.endpoints)]
-        return Pool(p.name, p.role, p.engine, reps, True, recover_timeout, api_key)
+        return Pool(p.name, p.role, p.engine, reps, True, recover_timeout, api_key, backend)
 
     return [make(p) for p in plan.candidates], make(plan.reference)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
-from harness.backends import sglang as client
+from harness.backends import Backend, ReplicaFailure, RequestError, make_backend, narrowed
 from harness.cli import from_argv
 from harness.config import ConfigError, RunConfig, for_resume
 from harness.driver import Driver
@@ -43,24 +43,27 @@ def load_sessions(cfg: RunConfig) -> list:
     return list(load_suite(cfg.suite, **kwargs))
 
 
-async def fetch_infos(urls: tuple[str, ...], api_key: str | None, generate_probe: bool) -> dict[str, dict]:
-    """/server_info of each URL; with `generate_probe`, also the logprob capability probe."""
+def backend_of(cfg: RunConfig) -> Backend:
+    """The backend that speaks to this run's servers (--backend; built-in replicas speak sglang)."""
+    return make_backend(cfg.backend, cfg.api_key, cfg.tokenizer)
+
+
+async def probe_endpoints(cfg: RunConfig, backend: Backend, generate_probe: bool) -> dict[str, dict]:
+    """Each endpoint's settings, checked for its role; with `generate_probe`, also one short request each."""
+    roles = [(u, "candidate") for u in cfg.endpoint] + [(u, "reference") for u in cfg.reference_endpoint]
     async with aiohttp.ClientSession() as http:
-        if generate_probe:
-            infos = await asyncio.gather(*(client.probe(http, u, api_key) for u in urls))
-        else:
-            infos = await asyncio.gather(*(client.server_info(http, u, api_key) for u in urls))
-    return dict(zip(urls, infos, strict=True))
+        infos = await asyncio.gather(*(backend.probe(http, u, role, generate=generate_probe) for u, role in roles))
+    return dict(zip([u for u, _ in roles], infos, strict=True))
 
 
-def make_plan(cfg: RunConfig, sessions: list, probe: bool) -> tuple[Plan, dict[str, dict]]:
-    """The run plan; for external endpoints this contacts them (probe: also one logprob request)."""
+def make_plan(cfg: RunConfig, sessions: list, probe: bool, backend: Backend | None = None
+              ) -> tuple[Plan, dict[str, dict]]:
+    """The run plan; for external endpoints this contacts them (probe: also one short request each)."""
     if not cfg.external:
         return builtin_plan(cfg, sessions), {}
-    urls = cfg.endpoint + cfg.reference_endpoint
     try:
-        infos = asyncio.run(fetch_infos(urls, cfg.api_key, probe))
-    except (client.RequestError, client.ReplicaFailure) as e:
+        infos = asyncio.run(probe_endpoints(cfg, backend or backend_of(cfg), probe))
+    except (RequestError, ReplicaFailure) as e:
         raise HarnessError(str(e)) from None
     try:
         return external_plan(cfg, sessions, infos), infos
@@ -80,6 +83,7 @@ def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: 
                                              else []),
         "run_config": cfg.to_json(),
         "gate": asdict(cfg.gate),
+        "narrowed": narrowed({p.name: p.server_info for p in pools}),  # what each pool's servers cannot report
         "pools": {p.name: {"role": p.role, "engine": p.engine.record(), "server_info": p.server_info,
                            "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id}
                                         for r in p.replicas]} for p in pools},
@@ -100,7 +104,7 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for pool in (*cands, ref):
             url = pool.replicas[0].url
-            pool.server_info = infos.get(url) or await client.server_info(http, url, cfg.api_key)
+            pool.server_info = infos.get(url) or await pool.backend.server_info(http, url)
             tokenizers[pool.name] = "byte" if not cfg.external or pool.server_info.get("tokenizer") == "byte" \
                 else "external"
             reported = pool.server_info.get("mamba_track_interval")
@@ -162,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI entry point; returns the exit status."""
     try:
         cfg, sessions = resolve(argv)
+        backend = backend_of(cfg)
         if cfg.dry_run:
-            plan, _ = make_plan(cfg, sessions, probe=False)
+            plan, _ = make_plan(cfg, sessions, probe=False, backend=backend)
             print(plan.describe(cfg))
             return EXIT_PASS
+        # probe external endpoints before anything is written: a failed probe leaves runs/ and runs/latest alone
+        probed = make_plan(cfg, sessions, probe=True, backend=backend) if cfg.external else None
     except (ConfigError, HarnessError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
@@ -180,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
             missing = sorted({s.interval for s in sessions if s.interval is not None} - set(cfg.intervals))
             if missing:
                 print(f"note: sessions for interval(s) {missing} are skipped (no such pool in --intervals)")
-        progress = execute(cfg, sessions, run_dir, run_id=run_dir.name)
+        progress = execute(cfg, sessions, run_dir, run_id=run_dir.name, backend=backend, probed=probed)
     except KeyboardInterrupt:
         if run_dir is not None:
             print(f"\ninterrupted; records so far are kept. Finish with: python -m harness.run --resume {run_dir}",
                   file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (HarnessError, FileExistsError, client.RequestError) as e:
+    except (HarnessError, FileExistsError, RequestError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
     except Exception:  # noqa: BLE001 - a harness bug must not look like a gate verdict
@@ -201,12 +208,18 @@ def main(argv: list[str] | None = None) -> int:
     return render(run_dir, cfg)
 
 
-def execute(cfg: RunConfig, sessions: list, run_dir: Path, run_id: str) -> Progress:
-    """Start the pools (Ray replicas or external endpoints), drive, and tear down."""
+def execute(cfg: RunConfig, sessions: list, run_dir: Path, run_id: str, backend: Backend | None = None,
+            probed: tuple[Plan, dict[str, dict]] | None = None) -> Progress:
+    """Start the pools (Ray replicas or external endpoints), drive, and tear down.
+
+    `probed`: the plan and server infos of external endpoints, already probed (with `backend`, which keeps
+    what its probes learned).
+    """
     resumed = cfg.resume is not None
     if cfg.external:
-        plan, infos = make_plan(cfg, sessions, probe=True)
-        cands, ref = external_pools(plan, cfg.api_key, cfg.startup_timeout)
+        backend = backend or backend_of(cfg)
+        plan, infos = probed or make_plan(cfg, sessions, probe=True, backend=backend)
+        cands, ref = external_pools(plan, cfg.api_key, cfg.startup_timeout, backend)
         return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, infos))
     plan = builtin_plan(cfg, sessions)
     pools = RayPools(cfg, plan, run_id)

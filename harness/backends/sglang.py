@@ -1,4 +1,4 @@
-"""The SGLang backend: /generate (streamed or not), /server_info, /flush_cache, /health, the probe."""
+"""The SGLang backend: /generate (streamed or not), /flush_cache, /health; the probe is in sglang_probe.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import aiohttp
 
-from harness.backends import ReplicaFailure, RequestError
+from harness.backends import Backend, ReplicaFailure, RequestError
 from records.schema import Generation
 
 TOP_K = 2  # top logprobs per token the margin test needs (top-1 vs top-2)
@@ -137,21 +137,6 @@ async def health(session: aiohttp.ClientSession, url: str, timeout: float = 5.0)
         return False
 
 
-async def server_info(session: aiohttp.ClientSession, url: str, api_key: str | None = None,
-                      timeout: float = 10.0) -> dict:
-    """GET /server_info as a dict (ReplicaFailure when unreachable or not JSON)."""
-    try:
-        async with session.get(f"{url}/server_info", headers=_headers(api_key),
-                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            await _check_status(resp)
-            info = await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
-        raise ReplicaFailure(f"GET {url}/server_info failed: {type(e).__name__}: {e}") from e
-    if not isinstance(info, dict):
-        raise ReplicaFailure(f"GET {url}/server_info did not return a JSON object")
-    return info
-
-
 async def flush_cache(session: aiohttp.ClientSession, url: str, api_key: str | None = None,
                       wait: float = 60.0) -> None:
     """POST /flush_cache, retrying while the server answers 400 (requests still running)."""
@@ -172,29 +157,26 @@ async def flush_cache(session: aiohttp.ClientSession, url: str, api_key: str | N
         await asyncio.sleep(0.2)
 
 
-async def probe(session: aiohttp.ClientSession, url: str, api_key: str | None = None,
-                timeout: float = 60.0) -> dict:
-    """Check that an external server can serve specgate; return its /server_info.
+class SGLangBackend(Backend):
+    """SGLang's native API (`/generate` with input_ids and logprobs), as the built-in engine serves it too."""
 
-    Raises RequestError naming what is missing: /server_info, logprobs, or top-2 logprobs.
-    """
-    try:
-        info = await server_info(session, url, api_key)
-    except (ReplicaFailure, RequestError) as e:
-        raise RequestError(f"endpoint {url}: /server_info is not reachable ({e})") from e
-    payload = generate_payload("specgate-probe", [1, 2, 3, 4], 2, stream=False)
-    try:
-        gen = await generate(session, url, payload, timeout, api_key)
-    except (ReplicaFailure, RequestError) as e:
-        raise RequestError(f"endpoint {url}: the probe /generate request failed ({e})") from e
-    if not gen.output_ids:
-        raise RequestError(f"endpoint {url}: the probe request returned no output_ids")
-    if len(gen.output_logprobs) < len(gen.output_ids):
-        raise RequestError(f"endpoint {url}: no meta_info.output_token_logprobs "
-                           "(the server must support return_logprob)")
-    widths = [len(t) for t in gen.output_top_logprobs]
-    if not widths or min(widths) < TOP_K:
-        raise RequestError(
-            f"endpoint {url}: meta_info.output_top_logprobs has {min(widths) if widths else 0} entries "
-            f"per token; specgate needs >= {TOP_K} (top_logprobs_num: {TOP_K}) for the margin test")
-    return info
+    name = "sglang"
+
+    async def server_info(self, http: aiohttp.ClientSession, url: str) -> dict:
+        from harness.backends.sglang_probe import server_info
+
+        return await server_info(http, url, self.api_key)
+
+    async def probe(self, http: aiohttp.ClientSession, url: str, role: str, generate: bool = True) -> dict:
+        from harness.backends.sglang_probe import probe
+
+        return await probe(http, url, self.api_key, role=role, generate=generate)
+
+    def payload(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:
+        return generate_payload("", input_ids, max_new_tokens, stream)
+
+    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float) -> Generation:
+        return await generate(http, url, payload, timeout, self.api_key)
+
+    async def flush(self, http: aiohttp.ClientSession, url: str, wait: float = 60.0) -> None:
+        await flush_cache(http, url, self.api_key, wait)

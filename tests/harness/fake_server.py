@@ -9,7 +9,10 @@ of requests that hit the cache, which is what the harness must detect.
 Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
 (append every received rid), `--pid-dir DIR` (write `<role>-i<interval>-<port>.pid`),
 `--top-k-max K` (cap on top logprobs, to fail the capability probe), `--no-spec-trace`,
-`--fail-first N` (answer the first N /generate requests with HTTP 503).
+`--fail-first N` (answer the first N /generate requests with HTTP 503), `--server-info-json FILE`
+(answer the settings endpoints with a recorded payload instead of the fake's own), `--info-paths`
+(which of /server_info, /get_server_info exist), `--v1-models` (also answer GET /v1/models, as an
+OpenAI-compatible server does).
 """
 
 from __future__ import annotations
@@ -109,7 +112,12 @@ class FakeServer:
     async def server_info(self, request: web.Request) -> web.Response:
         if not self._authorized(request):
             return web.json_response({"error": "unauthorized"}, status=401)
+        if self.args.server_info_json:
+            return web.json_response(json.loads(Path(self.args.server_info_json).read_text()))
         return web.json_response(self.info())
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.args.model_path, "object": "model"}]})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.running:
@@ -178,6 +186,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k-max", type=int, default=2)
     p.add_argument("--no-spec-trace", action="store_true")
     p.add_argument("--fail-first", type=int, default=0)
+    p.add_argument("--server-info-json", default=None)
+    p.add_argument("--info-paths", default="/server_info")
+    p.add_argument("--v1-models", action="store_true")
     return p.parse_args(argv)
 
 
@@ -185,7 +196,10 @@ def make_app(args: argparse.Namespace) -> web.Application:
     server = FakeServer(args)
     app = web.Application()
     app.router.add_get("/health", server.health)
-    app.router.add_get("/server_info", server.server_info)
+    for path in filter(None, args.info_paths.split(",")):
+        app.router.add_get(path, server.server_info)
+    if args.v1_models:
+        app.router.add_get("/v1/models", server.models)
     app.router.add_post("/flush_cache", server.flush_cache)
     app.router.add_post("/generate", server.generate)
     return app

@@ -65,9 +65,10 @@ async def fake_servers(*argvs: list[str]):
             await r.cleanup()
 
 
-def pool(name: str, urls: list[str], engine: EngineSpec, role: str = "candidate", recover: float = 1.0) -> Pool:
+def pool(name: str, urls: list[str], engine: EngineSpec, role: str = "candidate", recover: float = 1.0,
+         api_key: str | None = None) -> Pool:
     return Pool(name, role, engine, [Replica(f"{name}-r{i}", u) for i, u in enumerate(urls)], external=True,
-                recover_timeout=recover)
+                recover_timeout=recover, api_key=api_key)
 
 
 def read_lines(run_dir: Path) -> list[dict]:

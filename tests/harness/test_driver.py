@@ -35,8 +35,9 @@ def drive(run_dir: Path, sessions, cand_urls, ref_urls, concurrency=(1, 2), exis
           recover: float = 1.0, **kw) -> Progress:
     """Run a Driver over external-style pools of the given URLs; return its counters."""
     async def go() -> Progress:
-        cands = [pool(f"i{INTERVAL}", cand_urls, candidate_engine(CFG, INTERVAL), recover=recover)]
-        ref = pool("reference", ref_urls, reference_engine(CFG), role="reference", recover=recover)
+        key = kw.get("api_key")  # the pools' backend sends it
+        cands = [pool(f"i{INTERVAL}", cand_urls, candidate_engine(CFG, INTERVAL), recover=recover, api_key=key)]
+        ref = pool("reference", ref_urls, reference_engine(CFG), role="reference", recover=recover, api_key=key)
         progress = Progress(0, 0, enabled=False)
         files = RecordFiles(run_dir, set(existing or {}) | {f"ref/{h}" for h in existing_refs or {}})
         async with aiohttp.ClientSession() as http:
