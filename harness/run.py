@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 
 from harness.backends import Backend, ReplicaFailure, RequestError, make_backend, narrowed
+from harness.backends.metrics import counter_report, snapshot
 from harness.cli import from_argv
 from harness.config import ConfigError, RunConfig, for_resume
 from harness.driver import Driver
@@ -45,7 +46,8 @@ def load_sessions(cfg: RunConfig) -> list:
 
 def backend_of(cfg: RunConfig) -> Backend:
     """The backend that speaks to this run's servers (--backend; built-in replicas speak sglang)."""
-    return make_backend(cfg.backend, cfg.api_key, cfg.tokenizer)
+    return make_backend(cfg.backend, cfg.api_key, cfg.tokenizer,
+                        {"intervals": cfg.intervals, "block_size": cfg.block_size})
 
 
 async def probe_endpoints(cfg: RunConfig, backend: Backend, generate_probe: bool) -> dict[str, dict]:
@@ -121,8 +123,10 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
                         request_timeout=cfg.request_timeout, max_retries=cfg.max_retries,
                         reference_concurrency=cfg.reference_concurrency, sequential_pools=cfg.sequential_pools,
                         api_key=cfg.api_key, tokenizers=tokenizers)
+        before = await snapshot(http, [*cands, ref])
         try:
             await driver.run(sessions)
+            write_json(run_dir / "server_counters.json", counter_report(before, await snapshot(http, [*cands, ref])))
         finally:
             files.close()
             progress.close()

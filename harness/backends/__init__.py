@@ -44,9 +44,11 @@ class Backend(ABC):
 
     name = ""
 
-    def __init__(self, api_key: str | None = None, tokenizer: str | None = None) -> None:
+    def __init__(self, api_key: str | None = None, tokenizer: str | None = None, defaults: dict | None = None
+                 ) -> None:
         self.api_key = api_key
         self.tokenizer = tokenizer  # --tokenizer: the target's tokenizer, where the protocol needs one
+        self.defaults = dict(defaults or {})  # the run's --intervals / --block-size, for what a server hides
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -90,16 +92,17 @@ class Backend(ABC):
         return await fetch_counters(http, url, self.headers())
 
 
-def make_backend(name: str, api_key: str | None = None, tokenizer: str | None = None) -> Backend:
-    """The backend called `name` (one of BACKENDS)."""
+def make_backend(name: str, api_key: str | None = None, tokenizer: str | None = None,
+                 defaults: dict | None = None) -> Backend:
+    """The backend called `name` (one of BACKENDS); `defaults`: the run's intervals and block size."""
     if name == "sglang":
         from harness.backends.sglang import SGLangBackend
 
-        return SGLangBackend(api_key, tokenizer)
+        return SGLangBackend(api_key, tokenizer, defaults)
     if name == "openai":
         from harness.backends.openai import OpenAIBackend
 
-        return OpenAIBackend(api_key, tokenizer)
+        return OpenAIBackend(api_key, tokenizer, defaults)
     raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 

@@ -1,0 +1,62 @@
+"""`--backend openai` end to end against the built-in engine's OpenAI endpoint (random tiny weights).
+
+A few sessions of the frozen suite (interval 128) run to a verdict; the same
+servers driven through SGLang's native API give the same tokens and cached tokens.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.run import main
+from tests.engine.server.client import Server
+from tests.harness.helpers import read_lines
+from workloads.corpus import DATA_DIR
+
+pytestmark = pytest.mark.slow
+SESSIONS = ("frozen-i128-k1-m8", "frozen-i128-k1-m3", "frozen-i128-k1-m1", "frozen-i128-ctrl1")
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("engines")
+    cand = Server(["--speculative-algorithm", "DFLASH", "--mamba-track-interval", "128"], logs / "cand.log")
+    ref = Server(["--speculative-algorithm", "NONE", "--disable-radix-cache"], logs / "ref.log")
+    yield cand.url, ref.url
+    cand.stop()
+    ref.stop()
+
+
+def frozen_subset(path) -> str:
+    lines = [ln for ln in (DATA_DIR / "frozen.jsonl").read_text().splitlines()
+             if json.loads(ln)["session_id"] in SESSIONS]
+    assert len(lines) == len(SESSIONS)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_openai_backend_runs_the_frozen_suite_to_a_verdict(engines, tmp_path, capsys):
+    cand, ref = engines
+    suite = frozen_subset(tmp_path / "frozen-subset.jsonl")
+    common = ["--suite", suite, "--endpoint", cand, "--reference-endpoint", ref, "--concurrency", "1,2",
+              "--runs-dir", str(tmp_path / "runs"), "--no-progress", "--request-timeout", "120",
+              "--max-soft-rate", "1"]  # random weights: low-margin numeric flips are allowed, hard ones not
+    assert main([*common, "--backend", "openai", "--run-id", "openai"]) == 0
+    assert "PASS: 0 hard mismatches (0/16 requests)" in capsys.readouterr().out
+    assert main([*common, "--run-id", "sglang"]) == 0
+    runs = {name: {r["key"]: r for r in read_lines(tmp_path / "runs" / name)} for name in ("openai", "sglang")}
+    assert set(runs["openai"]) == set(runs["sglang"]) and len(runs["openai"]) == 16 + 8
+    for key, rec in runs["openai"].items():
+        other = runs["sglang"][key]
+        assert rec["error"] is None and rec["output_ids"] == other["output_ids"], key
+        assert rec["cached_tokens"] == other["cached_tokens"] and rec["output_text"] == other["output_text"], key
+        assert [t[1] for t in rec["output_top_logprobs"][0]] == [t[1] for t in other["output_top_logprobs"][0]]
+    turn1 = [r for r in runs["openai"].values() if r["role"] == "candidate" and r["turn"] == 1]
+    assert {r["cached_tokens"] for r in turn1 if r["case_id"] != "frozen-i128-ctrl1"} == {128}
+    config = json.loads((tmp_path / "runs" / "openai" / "config.json").read_text())
+    assert config["run_config"]["backend"] == "openai"
+    assert config["narrowed"] == {"i128": ["spec_trace", "spec_verify_ct"], "reference": []}
+    probe = config["pools"]["i128"]["server_info"]["specgate_probe"]
+    assert (probe["output_ids"], probe["flush"], probe["logprobs"]) == ("token_ids", "/flush_cache", "top-2")
