@@ -29,6 +29,9 @@ from records.schema import Generation
 VENDOR_FIELDS = ("ignore_eos", "return_token_ids")  # vLLM/SGLang extensions a strict OpenAI server refuses
 FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")  # SGLang and the built-in engine; vLLM (dev mode)
 ALWAYS_UNKNOWN = ("spec_trace", "spec_verify_ct")  # the OpenAI API reports no verify steps per request
+# a setting the server does not report, taken from the run's flags or the endpoint's role: listed as unknown
+DECLARED_AS = {"mamba_track_interval": "interval", "speculative_num_draft_tokens": "block_size",
+               "speculative_algorithm": "speculative", "disable_radix_cache": "prefix_cache"}
 
 
 @dataclass
@@ -125,6 +128,7 @@ class OpenAIBackend(Backend):
             notes.append(f"not reported by the server, taken from the run's flags and role: {', '.join(declared)}")
         endpoint = self.endpoints[url] = Endpoint(model, tokens=TokenMap(_token_source(self.tokenizer, info)))
         unknown = list(ALWAYS_UNKNOWN) if role == "candidate" else []
+        unknown += [DECLARED_AS[k] for k in declared if k in DECLARED_AS]  # assumed, not known
         found: dict = {}
         if generate:
             from harness.backends.openai_probe import check_answers, find_flush
