@@ -171,7 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--max-running-requests", type=int, default=16)
     p.add_argument("--inject-fault", default=None)
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=os.environ.get("SPECGATE_API_KEY"))  # how built-in replicas get it
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--rid-log", default=None)
     p.add_argument("--pid-dir", default=None)
