@@ -9,7 +9,8 @@ of requests that hit the cache, which is what the harness must detect.
 Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
 (append every received rid), `--pid-dir DIR` (write `<role>-i<interval>-<port>.pid`),
 `--top-k-max K` (cap on top logprobs, to fail the capability probe), `--no-spec-trace`,
-`--fail-first N` (answer the first N /generate requests with HTTP 503).
+`--fail-first N` (answer the first N /generate requests with HTTP 503), `--incremental` (stream only what is new
+in each chunk and say so in /server_info, as the built-in engine does).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class FakeServer:
             "mamba_radix_cache_strategy": a.mamba_radix_cache_strategy,
             "mamba_track_interval": a.mamba_track_interval, "page_size": a.page_size,
             "disable_radix_cache": a.disable_radix_cache, "inject_fault": a.inject_fault,
-            "tokenizer": "byte", "fake": True,
+            "tokenizer": "byte", "fake": True, "incremental_streaming_output": a.incremental,
         }
 
     def cached_len(self, ids: list[int]) -> int:
@@ -147,12 +148,24 @@ class FakeServer:
                 if self.args.token_delay:
                     await asyncio.sleep(self.args.token_delay)
                 chunk = self.snapshot(rid, ids, out[:i], cached, i == n, n)
+                if self.args.incremental:
+                    chunk = incremental(chunk, i - 1)
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             self.cache.append(ids + out)
             return resp
         finally:
             self.running -= 1
+
+
+def incremental(snapshot: dict, sent: int) -> dict:
+    """The cumulative `snapshot` cut to what is new after `sent` tokens (SGLang's incremental streaming)."""
+    meta = dict(snapshot["meta_info"])
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        meta[key] = meta[key][sent:]
+    if "spec_trace" in meta and meta["finish_reason"] is None:  # its synthetic steps: all in the last chunk
+        meta["spec_trace"] = []
+    return {"text": snapshot["text"][sent:], "output_ids": snapshot["output_ids"][sent:], "meta_info": meta}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -178,6 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k-max", type=int, default=2)
     p.add_argument("--no-spec-trace", action="store_true")
     p.add_argument("--fail-first", type=int, default=0)
+    p.add_argument("--incremental", action="store_true")
     return p.parse_args(argv)
 
 
