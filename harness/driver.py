@@ -71,12 +71,23 @@ class Driver:
             for c in self.concurrency:
                 await self.sweep_point(pool, c, sessions[pool.name])
 
-        if self.sequential_pools:
-            for pool in self.candidates:
-                await run_pool(pool)
-        else:
-            await asyncio.gather(*(run_pool(p) for p in self.candidates))
-        await asyncio.gather(*self.ref_futures.values())
+        async def run_pools() -> None:
+            if self.sequential_pools:
+                for pool in self.candidates:
+                    await run_pool(pool)
+            else:
+                await asyncio.gather(*(run_pool(p) for p in self.candidates))
+            await asyncio.gather(*self.ref_futures.values())
+
+        # a reference pool that cannot be served stops everything at once: nothing left could be judged
+        self.fatal = loop.create_future()
+        work = asyncio.ensure_future(run_pools())
+        await asyncio.wait({work, self.fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self.fatal.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise self.fatal.exception()
+        await work
 
     async def sweep_point(self, pool: Pool, concurrency: int, sessions: tuple) -> None:
         """Flush the pool's caches, then run its unfinished sessions with `concurrency` in flight."""
@@ -171,7 +182,12 @@ class Driver:
         async with self.ref_sem:
             payload = client.generate_payload("", ids, max_new, stream=False)
             t_start = time.time()
-            replica, gen, retries, error = await self.send(self.reference, int(h[:8], 16), payload, key)
+            try:
+                replica, gen, retries, error = await self.send(self.reference, int(h[:8], 16), payload, key)
+            except HarnessError as e:
+                if not self.fatal.done():
+                    self.fatal.set_exception(e)
+                raise
         rec = self._record(self.reference, replica, None, session, turn, ids, max_new, gen, t_start, retries,
                            error, key, h)
         self.files.write(REFERENCE_FILE, rec)

@@ -108,4 +108,5 @@ def test_a_non_utf8_authorization_header_is_401(server):
     conn.connect()
     conn.sock.sendall(b"GET /server_info HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n")
     resp = conn.sock.recv(200)
+    conn.close()
     assert resp.startswith(b"HTTP/1.1 401"), resp
