@@ -275,4 +275,7 @@ class AsyncEngine:
         for _rid, (loop, q) in streams:
             loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(message))
         for cb in callbacks:
-            cb(message)
+            try:
+                cb(message)
+            except Exception:  # noqa: BLE001 - e.g. the server's event loop is already closed
+                traceback.print_exc()

@@ -59,6 +59,9 @@ def test_a_candidate_that_crashes_completes_on_its_restarted_replica(ray_local, 
 def test_a_candidate_that_keeps_crashing_fails_the_gate_showing_the_crash(ray_local, workdir, capsys):
     rc, took, run_dir, _ = run(workdir, "crash-loop", "candidate", "raise-after:5", "--max-replica-restarts", "1")
     out = capsys.readouterr().out
+    with capsys.disabled():
+        print(f"\ncrash-loop: exit {rc} after {took:.1f}s\n" + "\n".join(x for x in out.splitlines()
+                                                                      if x.startswith(("incident:", "FAIL"))))
     assert rc == 1
     recs = read_lines(run_dir)
     assert not duplicate_keys(recs)
@@ -78,6 +81,9 @@ def test_a_candidate_that_keeps_crashing_fails_the_gate_showing_the_crash(ray_lo
 def test_a_reference_that_keeps_crashing_is_a_harness_failure_naming_it(ray_local, workdir, capsys):
     rc, took, run_dir, _ = run(workdir, "ref-crash", "reference", "raise-after:3", "--max-replica-restarts", "1")
     err = capsys.readouterr().err
+    with capsys.disabled():
+        print(f"\nref-crash: exit {rc} after {took:.1f}s\n" + "\n".join(x for x in err.splitlines()
+                                                                     if "specgate: error" in x))
     assert rc == 2
     assert "the reference pool cannot be served" in err and "reference-r0" in err and "log /" in err
     assert not duplicate_keys(read_lines(run_dir))
