@@ -8,6 +8,7 @@ key `foo_bar`.
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -19,6 +20,9 @@ KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd")  # ints: comma li
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "intervals", "concurrency", "block_size", "model_path",
                 "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer")
+# Settings a resume never takes from the run directory (a file anyone with write access to it could have
+# edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
+NOT_FROM_RUN_DIR = ("server_command", "address")
 GATE = GateThresholds()  # the gate's defaults, defined once in reports/gate.py
 
 
@@ -69,8 +73,13 @@ class RunConfig:
     api_key: str | None = setting(None, "str", "sent as 'Authorization: Bearer KEY' (and given to built-in "
                                   "replicas)")
     request_timeout: float = setting(600.0, "float", "seconds per request")
-    startup_timeout: float = setting(600.0, "float", "seconds for a replica to become healthy, also after a "
-                                     "restart")
+    startup_timeout: float = setting(600.0, "float", "seconds for a replica to become healthy at the start of a "
+                                     "run")
+    recover_timeout: float = setting(60.0, "float", "seconds a failed replica has to serve again (Ray restarts "
+                                     "it) before it is given up: its in-flight requests are re-sent meanwhile")
+    max_replica_restarts: int = setting(3, "int", "restarts of one built-in replica whose server died; one that "
+                                        "keeps dying is given up (a candidate's requests then fail: a finding; "
+                                        "the reference's: the harness fails)")
     max_retries: int = setting(3, "int", "re-sends of a request after replica failures")
     reference_concurrency: int = setting(8, "int", "reference requests in flight")
     sequential_pools: bool = setting(False, "bool", "run the interval pools one after another (default: "
@@ -83,7 +92,10 @@ class RunConfig:
     max_soft_rate: float = setting(GATE.max_soft_rate, "float", "gate: largest allowed fraction of soft flips")
     max_hard: int = setting(GATE.max_hard, "int", "gate: largest allowed number of hard mismatches")
     max_errors: int = setting(GATE.max_errors, "int", "gate: largest allowed number of failed requests")
-    dry_run: bool = setting(False, "bool", "print the plan and exit")
+    dry_run: bool = setting(False, "bool", "print the plan (with each pool's server command) and exit")
+    trust_run_config: bool = setting(False, "bool", "with --resume: run the --server-command and join the "
+                                     "--address stored in RUN_DIR/config.json (shown first); without it a resume "
+                                     "takes both from this command line only")
     no_progress: bool = setting(False, "bool", "no live progress bar")
 
     def __post_init__(self) -> None:
@@ -131,10 +143,12 @@ def validate(c: RunConfig) -> None:
         need(len(set(vals)) == len(vals), f"{flag(name)} has repeated values: {list(vals)}")
     for name in ("replicas", "reference_replicas", "tp_size", "block_size", "reference_concurrency"):
         need(getattr(c, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(c, name)}")
-    for name in ("max_retries", "max_hard", "max_errors"):
+    for name in ("max_retries", "max_hard", "max_errors", "max_replica_restarts"):
         need(getattr(c, name) >= 0, f"{flag(name)} must be >= 0, got {getattr(c, name)}")
     need(c.num_cpus is None or c.num_cpus >= 1, f"--num-cpus must be >= 1, got {c.num_cpus}")
-    need(c.request_timeout > 0 and c.startup_timeout > 0, "--request-timeout and --startup-timeout must be > 0")
+    need(c.request_timeout > 0 and c.startup_timeout > 0 and c.recover_timeout > 0,
+         "--request-timeout, --startup-timeout and --recover-timeout must be > 0")
+    need(not c.trust_run_config or c.resume is not None, "--trust-run-config applies to --resume only")
     need(c.margin_threshold >= 0, f"--margin-threshold must be >= 0, got {c.margin_threshold}")
     need(0 <= c.max_soft_rate <= 1, f"--max-soft-rate must be in [0, 1], got {c.max_soft_rate}")
     need(c.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}")
@@ -182,13 +196,28 @@ def validate_backend(c: RunConfig, need) -> None:
 def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path) -> RunConfig:
     """The config of a resumed run: the saved one, with only runtime settings taken from `given`.
 
-    Raises ConfigError when a flag that defines the measurement was given with another value.
+    The server command and the Ray address are never taken from the run directory unless
+    `given.trust_run_config`. Raises ConfigError when a flag that defines the measurement was given
+    with another value, or when the run used a server command that this command line does not repeat.
     """
     known = {f.name for f in fields(RunConfig)}
     base = {k: v for k, v in saved.items() if k in known}
     for k, v in base.items():
         if v is not None and kind_of(k) in ("ints", "strs", "cmd"):
             base[k] = tuple(v)
+    stored_cmd = base.get("server_command")
+    if stored_cmd is not None and not all(isinstance(x, str) for x in stored_cmd):
+        raise ConfigError(f"{run_dir}/config.json: server_command must be a list of strings, got {stored_cmd!r}")
+    if not given.trust_run_config:
+        for k in NOT_FROM_RUN_DIR:
+            base[k] = getattr(given, k)
+        if stored_cmd is not None and "server_command" not in explicit:
+            raise ConfigError(
+                f"--resume {run_dir}: the run used --server-command {shlex.join(stored_cmd)!r}; a resume never "
+                "runs a command stored in a run directory: give --server-command again, or --trust-run-config "
+                "to run the stored one")
+        if stored_cmd is not None:
+            base["server_command"] = stored_cmd  # compared with the given one below
     for k in sorted(explicit - {"resume"}):
         if k in RESUME_FIXED and getattr(given, k) != base.get(k):
             raise ConfigError(f"{flag(k)} cannot change on --resume (the run used {base.get(k)!r})")
@@ -196,7 +225,8 @@ def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path)
     if base.get("api_key") == "***":
         base["api_key"] = None
     base.update(overrides)
-    base.update(run_id=run_dir.name, runs_dir=str(run_dir.parent), resume=str(run_dir), dry_run=given.dry_run)
+    base.update(run_id=run_dir.name, runs_dir=str(run_dir.parent), resume=str(run_dir), dry_run=given.dry_run,
+                trust_run_config=given.trust_run_config)
     try:
         return RunConfig(**base)
     except TypeError as e:

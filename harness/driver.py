@@ -18,7 +18,7 @@ from functools import partial
 import aiohttp
 
 from harness.backends import ReplicaFailure, RequestError
-from harness.pools import Pool, Replica
+from harness.pools import HarnessError, Pool, Replica
 from harness.progress import Progress
 from records.jsonl import RecordFiles
 from records.rundir import REFERENCE_FILE, candidate_file, input_hash
@@ -52,6 +52,7 @@ class Driver:
         self.ref_futures: dict[str, asyncio.Future] = {}
         self.sent: dict[str, int] = {}  # pool -> candidate requests sent by this process
         self.failed: dict[str, int] = {}  # pool -> candidate records with an error
+        self.served: dict[str, tuple[str, int]] = {}  # candidate key -> (replica id, incarnation) that answered
 
     async def run(self, sessions: dict[str, tuple]) -> None:
         """Every sweep point of every pool; returns when all candidate and reference records are written."""
@@ -70,12 +71,23 @@ class Driver:
             for c in self.concurrency:
                 await self.sweep_point(pool, c, sessions[pool.name])
 
-        if self.sequential_pools:
-            for pool in self.candidates:
-                await run_pool(pool)
-        else:
-            await asyncio.gather(*(run_pool(p) for p in self.candidates))
-        await asyncio.gather(*self.ref_futures.values())
+        async def run_pools() -> None:
+            if self.sequential_pools:
+                for pool in self.candidates:
+                    await run_pool(pool)
+            else:
+                await asyncio.gather(*(run_pool(p) for p in self.candidates))
+            await asyncio.gather(*self.ref_futures.values())
+
+        # a reference pool that cannot be served stops everything at once: nothing left could be judged
+        self.fatal = loop.create_future()
+        work = asyncio.ensure_future(run_pools())
+        await asyncio.wait({work, self.fatal}, return_when=asyncio.FIRST_COMPLETED)
+        if self.fatal.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise self.fatal.exception()
+        await work
 
     async def sweep_point(self, pool: Pool, concurrency: int, sessions: tuple) -> None:
         """Flush the pool's caches, then run its unfinished sessions with `concurrency` in flight."""
@@ -107,7 +119,8 @@ class Driver:
             if rec is None:
                 if failed is None:
                     ids = session.turn_input(n, prev_input, prev_output)
-                    rec = await self.candidate(pool, concurrency, index, session, n, ids, key)
+                    prev = candidate_key(pool.name, concurrency, session.session_id, n - 1) if n else None
+                    rec = await self.candidate(pool, concurrency, index, session, n, ids, key, prev)
                 else:
                     rec = self._record(pool, None, concurrency, session, n, [], turn.max_new_tokens, None,
                                        time.time(), 0, f"not run: turn {failed} of the session failed", key)
@@ -117,7 +130,7 @@ class Driver:
             prev_input, prev_output = rec["input_ids"], rec["output_ids"]
 
     async def candidate(self, pool: Pool, concurrency: int, index: int, session, turn: int, ids: list[int],
-                        key: str) -> dict:
+                        key: str, prev_key: str | None = None) -> dict:
         """Send one candidate request (and start its reference), record the answer."""
         h = input_hash(ids)
         max_new = session.turns[turn].max_new_tokens
@@ -128,9 +141,24 @@ class Driver:
         replica, gen, retries, error = await self.send(pool, index, payload, key)
         rec = self._record(pool, replica, concurrency, session, turn, ids, max_new, gen, t_start, retries, error,
                            key, h)
+        if replica is not None:
+            self.served[key] = (replica.replica_id, replica.incarnation)
+            rec["cache_lost"] = self._cache_lost(prev_key, self.served[key])
         self._write_candidate(pool, rec)
         ref.add_done_callback(partial(self._compare, rec))
         return rec
+
+    def _cache_lost(self, prev_key: str | None, served: tuple[str, int]) -> str | None:
+        """Why this turn could not find the cache its previous turn left (so its restore path went untested):
+        "resume" (that turn was recorded by an earlier process), "replica restart", "fail-over"; else None."""
+        if prev_key is None:
+            return None
+        if prev_key in self.existing:
+            return "resume"
+        before = self.served.get(prev_key)
+        if before is None or before == served:
+            return None
+        return "fail-over" if before[0] != served[0] else "replica restart"
 
     def _write_candidate(self, pool: Pool, rec: dict) -> None:
         self.files.write(candidate_file(pool.name), rec)
@@ -154,7 +182,12 @@ class Driver:
         async with self.ref_sem:
             payload = self.reference.backend.payload(ids, max_new, stream=False)
             t_start = time.time()
-            replica, gen, retries, error = await self.send(self.reference, int(h[:8], 16), payload, key)
+            try:
+                replica, gen, retries, error = await self.send(self.reference, int(h[:8], 16), payload, key)
+            except HarnessError as e:
+                if not self.fatal.done():
+                    self.fatal.set_exception(e)
+                raise
         rec = self._record(self.reference, replica, None, session, turn, ids, max_new, gen, t_start, retries,
                            error, key, h)
         self.files.write(REFERENCE_FILE, rec)
@@ -172,14 +205,17 @@ class Driver:
         while True:
             replica = await pool.acquire(preferred)
             if replica is None:
-                return None, None, retries, f"no healthy replica left in pool {pool.name} ({last})"
+                if pool.role == "reference":  # no oracle: nothing can be judged, the harness failed
+                    raise HarnessError(f"the reference pool cannot be served: {pool.dead_message()}")
+                return None, None, retries, pool.dead_message() + (f" (last failure: {last})" if last else "")
             payload["rid"] = f"{self.run_id}:{key}" + (f"#retry{retries}" if retries else "")
             url = replica.url
             try:
-                gen = await pool.backend.generate(self.http, url, payload, self.request_timeout)
+                gen = await pool.backend.generate(self.http, url, payload, self.request_timeout,
+                                                  incremental=pool.incremental_streams)
             except ReplicaFailure as e:
                 last = f"{replica.replica_id}: {e}"
-                pool.mark_failed(replica, url, self.http)
+                pool.mark_failed(replica, url, self.http, str(e))
                 if retries >= self.max_retries:
                     return replica, None, retries, f"replica failure after {retries} retries: {last}"
                 retries += 1

@@ -6,6 +6,7 @@ their /server_info), so `--dry-run` prints exactly what a run would do.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
@@ -14,6 +15,7 @@ from harness.backends.info import block_size_of, probe_lines, speculative, strat
 from harness.config import RunConfig
 
 REFERENCE_POOL = "reference"
+DEFAULT_SERVER_COMMAND = ("python", "-m", "engine.serve")  # a leading python is the replica's interpreter
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,15 @@ ROLE_FLAGS = ("model_path", "tp_size", "speculative_algorithm", "mamba_track_int
 
 
 def server_args(cfg: RunConfig, engine: EngineSpec) -> list[str]:
-    """`engine.serve` flags for a pool (host and port are added per replica)."""
-    args = to_argv(engine_config(cfg, engine), always=ROLE_FLAGS)
-    if cfg.api_key:
-        args += ["--api-key", cfg.api_key]
-    return args
+    """`engine.serve` flags for a pool (host and port are added per replica). Never the API key: a command line
+    is readable by every local user; replicas get it in their environment (harness/replica.py)."""
+    return to_argv(engine_config(cfg, engine), always=ROLE_FLAGS)
+
+
+def server_command(cfg: RunConfig, engine: EngineSpec) -> str:
+    """The command line a pool's replicas run, as `--dry-run` shows it."""
+    return shlex.join([*(cfg.server_command or DEFAULT_SERVER_COMMAND), *server_args(cfg, engine),
+                       "--host", "HOST", "--port", "PORT"])
 
 
 def engine_from_server_info(info: dict, url: str) -> EngineSpec:
@@ -128,6 +134,11 @@ class Plan:
             f"replica: {cfg.tp_size} bundle(s) of {{'CPU': 1}}, strategy {cfg.placement}, replicas spread "
             "over nodes")
         lines.append(f"placement: {where}")
+        if not cfg.external:
+            key = "--api-key" if cfg.api_key else "a random key drawn for this run"
+            lines.append(f"access: replicas require an API key ({key}, passed in their environment, never on a "
+                         "command line) and listen on 127.0.0.1 on a single-node Ray, on their node's address "
+                         "on a multi-node cluster")
         for p in (*self.candidates, self.reference):
             e = p.engine
             what = (f"DFLASH B={e.block_size}, radix {e.strategy}, interval {e.interval}"
@@ -139,7 +150,7 @@ class Plan:
                 lines.append("  endpoints: " + ", ".join(p.endpoints))
                 lines += probe_lines(p.server_infos)
             if not cfg.external:
-                lines.append("  server: " + " ".join(server_args(cfg, e)).replace(cfg.api_key or "\0", "***"))
+                lines.append("  server: " + server_command(cfg, e))
         for p in self.candidates:
             lines.append(f"pool {p.name}: {len(p.sessions)} sessions, {p.requests_per_point} requests per "
                          f"sweep point, concurrency {','.join(map(str, self.concurrency))}")

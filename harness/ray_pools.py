@@ -1,11 +1,17 @@
 """Built-in replicas on Ray: one placement group per replica (`tp_size` bundles, bundle 0 = rank 0
 and its server), replicas spread round-robin over the cluster's nodes, Ray restarting a replica
-whose server dies (harness/replica.py).
+whose server dies (harness/replica.py) at most `--max-replica-restarts` times.
+
+Replicas are not open to the network: they require a per-run random API key (unless `--api-key`
+gives one), which reaches them through Ray and their environment, never a command line; and they
+listen on 127.0.0.1 when the Ray cluster is this one node, on their node's address only on a
+multi-node cluster.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from dataclasses import asdict
 
@@ -43,6 +49,7 @@ class RayPools:
         self.started_ray = False
         self.actors: list = []
         self.groups: list = []
+        self.api_key = cfg.api_key or secrets.token_urlsafe(32)  # what the driver sends to this run's replicas
 
     def local_cpus(self) -> int:
         """Logical CPUs for a local Ray: every replica bundle fits, even on a 2-core laptop (Ray's CPUs
@@ -64,6 +71,14 @@ class RayPools:
             ray.init(num_cpus=self.cfg.num_cpus or self.local_cpus(), include_dashboard=False, log_to_driver=False)
         self.started_ray = True
 
+    def bind(self) -> str:
+        """"loopback" when every alive node of the cluster is this machine, else "node" (the node's address)."""
+        import ray
+
+        here = ray.util.get_node_ip_address()
+        alive = [n for n in ray.nodes() if n.get("Alive")]
+        return "loopback" if alive and all(n.get("NodeManagerAddress") == here for n in alive) else "node"
+
     def start(self) -> tuple[list[Pool], Pool]:
         """Create every replica (placement group + actor) and wait until all are healthy."""
         import ray
@@ -72,8 +87,12 @@ class RayPools:
 
         from harness.replica import ReplicaServer
 
-        actor_cls = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=1)(ReplicaServer)
+        actor_cls = ray.remote(max_restarts=self.cfg.max_replica_restarts, max_task_retries=0,
+                               num_cpus=1)(ReplicaServer)
         nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1)
+        bind = self.bind()
+        print(f"replicas listen on {'127.0.0.1 (single-node Ray)' if bind == 'loopback' else 'their node address'}"
+              f", API key {'from --api-key' if self.cfg.api_key else 'drawn for this run'}")
         log_dir = os.path.join(tempfile.gettempdir(), "specgate", self.run_id)
         specs = []
         for p in (*self.plan.candidates, self.plan.reference):
@@ -97,7 +116,8 @@ class RayPools:
         for _, rid, args, pg, engine_cfg in specs:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
             actor = actor_cls.options(scheduling_strategy=strategy).remote(
-                rid, args, self.cfg.server_command, os.getcwd(), self.cfg.startup_timeout, log_dir, engine_cfg)
+                rid, args, self.cfg.server_command, os.getcwd(), self.cfg.startup_timeout, log_dir, engine_cfg,
+                self.api_key, bind, self.cfg.recover_timeout)
             self.actors.append(actor)
         try:
             infos = ray.get([a.info.remote() for a in self.actors], timeout=self.cfg.startup_timeout + 30)
@@ -109,9 +129,9 @@ class RayPools:
         for (p, rid, *_), actor, info in zip(specs, self.actors, infos, strict=True):
             pool = pools.get(p.name)
             if pool is None:
-                pool = pools[p.name] = Pool(p.name, p.role, p.engine, [], False, self.cfg.startup_timeout,
-                                            self.cfg.api_key)
-            pool.replicas.append(Replica(rid, info["url"], info["node_id"], actor))
+                pool = pools[p.name] = Pool(p.name, p.role, p.engine, [], False, self.cfg.recover_timeout,
+                                            self.api_key)
+            pool.replicas.append(Replica(rid, info["url"], info["node_id"], actor, log=info["log"]))
         cands = [pools[p.name] for p in self.plan.candidates]
         return cands, pools[self.plan.reference.name]
 

@@ -1,15 +1,22 @@
 """One engine replica: a Ray actor that runs the SGLang-compatible server as a subprocess on its node.
 
 The actor starts the server on a free port, waits for /health and reports
-`(url, node_id)`. A watchdog thread exits the actor process when the server
-dies, so Ray (max_restarts=-1) restarts the actor, which starts a new server:
+`(url, node_id, log)`. A watchdog thread exits the actor process when the server
+dies, so Ray restarts the actor (at most `--max-replica-restarts` times), which
+starts a new server and reports the first lines of its predecessor's crash:
 restart policy stays Ray's. The server is started through a tiny launcher that
 sets PR_SET_PDEATHSIG, so it dies with its actor instead of leaking.
+
+Nothing secret is on a command line: the API key and the tensor-parallel group's
+secret reach the server in its environment (SPECGATE_API_KEY, SPECGATE_TP_SECRET),
+the rank actors through Ray. The server binds 127.0.0.1 when the whole Ray cluster
+is this one node (`bind="loopback"`), the node's address otherwise.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -27,6 +34,9 @@ _LAUNCHER = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 LOG_TAIL_BYTES = 3000
+EXCERPT_LINES = 25
+API_KEY_ENV = "SPECGATE_API_KEY"  # engine/serve.py reads these two
+TP_SECRET_ENV = "SPECGATE_TP_SECRET"
 
 
 def free_port(host: str) -> int:
@@ -61,24 +71,64 @@ def log_tail(path: Path) -> str:
     return data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
 
 
+def crash_excerpt(text: str, lines: int = EXCERPT_LINES) -> str | None:
+    """The first lines of the crash in a server log: from its first traceback (or, without one, the first line
+    that says the engine died or failed) on; else the log's last lines. None for an empty log."""
+    rows = text.splitlines()
+    if not any(r.strip() for r in rows):
+        return None
+    markers = ("Traceback (most recent call last)", "engine died", "engine loop failed", "Error", "error:")
+    for marker in markers:
+        start = next((i for i, r in enumerate(rows) if marker in r), None)
+        if start is not None:
+            return "\n".join(rows[start:start + lines])
+    return "\n".join(rows[-lines:])
+
+
+def read_log_excerpt(path: str) -> str | None:
+    """crash_excerpt of a log file on this node (run as a Ray task on the replica's node)."""
+    try:
+        return crash_excerpt(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return None
+
+
+def previous_log(log_dir: Path, replica_id: str) -> Path | None:
+    """The newest log this replica left in `log_dir` (its crashed predecessor's, when Ray restarted it)."""
+    logs = [p for p in log_dir.glob(f"{replica_id}-*.log") if p.is_file()]
+    return max(logs, key=lambda p: p.stat().st_mtime) if logs else None
+
+
 class ReplicaServer:
     """Actor body (wrapped with ray.remote by harness.pools): owns one server subprocess."""
 
     def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
-                 startup_timeout: float, log_dir: str, engine_cfg: dict | None = None) -> None:
-        """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it)."""
+                 startup_timeout: float, log_dir: str, engine_cfg: dict | None = None, api_key: str | None = None,
+                 bind: str = "node", recover_timeout: float | None = None) -> None:
+        """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it).
+        `bind`: "loopback" (the cluster is this node) or "node" (listen on the node's address).
+        `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`)."""
         import ray
 
         ctx = ray.get_runtime_context()
         self.replica_id = replica_id
         self.node_id = ctx.get_node_id()
-        self.host = ray.util.get_node_ip_address()
+        self.node_ip = ray.util.get_node_ip_address()
+        self.host = "127.0.0.1" if bind == "loopback" else self.node_ip
         self.restarts = int(getattr(ctx, "was_current_actor_reconstructed", False))
+        self.api_key = api_key
+        self.tp_secret = secrets.token_hex(32)
+        self.previous: dict | None = None
         self._stopping = False
         self._serving = False
         self._proc: subprocess.Popen | None = None
         self.workdir = workdir if workdir and os.path.isdir(workdir) else None
         Path(log_dir).mkdir(parents=True, exist_ok=True)
+        if self.restarts:  # what killed the incarnation before this one
+            prev = previous_log(Path(log_dir), replica_id)
+            if prev is not None:
+                self.previous = {"log": str(prev), "excerpt": read_log_excerpt(str(prev))}
+            startup_timeout = recover_timeout or startup_timeout
         self.ranks: list = []
         self.engine_cfg = engine_cfg
         tp_size = int((engine_cfg or {}).get("tp_size", 1))
@@ -86,7 +136,7 @@ class ReplicaServer:
         for attempt in range(3):  # a port can be taken between free_port() and the server's bind
             self.port = free_port(self.host)
             self.url = f"http://{self.host}:{self.port}"
-            self.log_path = Path(log_dir) / f"{replica_id}-{os.getpid()}-{attempt}.log"
+            self.log_path = Path(log_dir) / f"{replica_id}-{time.strftime('%H%M%S')}-{os.getpid()}-{attempt}.log"
             cmd = resolve_command(command) + list(args) + ["--host", self.host, "--port", str(self.port)]
             if tp_size > 1:
                 rendezvous = free_port(self.host)
@@ -106,6 +156,10 @@ class ReplicaServer:
         started = threading.Event()
         failure: list[BaseException] = []
         env = dict(os.environ)
+        env.pop(API_KEY_ENV, None)
+        if self.api_key:
+            env[API_KEY_ENV] = self.api_key
+        env[TP_SECRET_ENV] = self.tp_secret
         if self.workdir:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.workdir, env.get("PYTHONPATH")]))
 
@@ -150,7 +204,8 @@ class ReplicaServer:
             ray.kill(a, no_restart=True)
         self.ranks = [
             cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r))
-            .remote(self.engine_cfg, r, tp_size, self.host, port)
+            .remote(self.engine_cfg, r, tp_size, self.host, port, self.tp_secret.encode(),
+                    self.host == "127.0.0.1")
             for r in range(1, tp_size)
         ]
 
@@ -188,7 +243,8 @@ class ReplicaServer:
         if self._proc is None or self._proc.poll() is not None:
             raise RuntimeError(f"replica {self.replica_id}: server is not running")
         return {"replica_id": self.replica_id, "url": self.url, "node_id": self.node_id,
-                "pid": self._proc.pid, "restarted": bool(self.restarts), "log": str(self.log_path)}
+                "pid": self._proc.pid, "restarted": bool(self.restarts), "log": str(self.log_path),
+                "previous": self.previous}
 
     def stop(self) -> None:
         """Stop the server for good (the watchdog then leaves the actor alive, to be killed)."""
@@ -208,15 +264,19 @@ class RankActor:
     (rank 0 gone), the actor exits so nothing is left behind.
     """
 
-    def __init__(self, engine_cfg: dict, rank: int, size: int, addr: str, port: int):
+    def __init__(self, engine_cfg: dict, rank: int, size: int, addr: str, port: int, secret: bytes,
+                 loopback: bool):
+        import ray
+
         from engine.config import EngineConfig
         from engine.tp.ranks import RankWorker
 
         cfg = EngineConfig(**engine_cfg)
+        bind = "127.0.0.1" if loopback else ray.util.get_node_ip_address()  # this rank's own node
 
         def run() -> None:
             try:
-                RankWorker(cfg, rank, size, addr, port).serve_forever()
+                RankWorker(cfg, rank, size, addr, port, secret, bind).serve_forever()
             except BaseException:  # rank 0 vanished: nothing left to serve
                 os._exit(1)
 

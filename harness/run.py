@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 import traceback
@@ -28,9 +29,11 @@ from harness.plan import Plan, builtin_plan, external_plan
 from harness.pools import HarnessError, Pool, external_pools
 from harness.progress import Progress
 from harness.ray_pools import RayPools
+from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles, load_run
 from records.rundir import create_run_dir, new_run_id, update_latest, write_json
 from reports.gate import EXIT_HARNESS_FAILED, EXIT_PASS
+from reports.incidents import incident_lines
 from reports.render import render_run
 
 EXIT_INTERRUPTED = 130  # Ctrl-C; the run can be finished with --resume
@@ -103,10 +106,12 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
     recorded = load_run(run_dir)
     existing, existing_refs = recorded.candidates_by_key(), recorded.references
     tokenizers = {}
+    incidents = IncidentLog(run_dir)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for pool in (*cands, ref):
             url = pool.replicas[0].url
             pool.server_info = infos.get(url) or await pool.backend.server_info(http, url)
+            pool.incidents = incidents
             tokenizers[pool.name] = "byte" if not cfg.external or pool.server_info.get("tokenizer") == "byte" \
                 else "external"
             reported = pool.server_info.get("mamba_track_interval")
@@ -143,6 +148,8 @@ def render(run_dir: Path, cfg: RunConfig) -> int:
               file=sys.stderr)
         return EXIT_HARNESS_FAILED
     print(verdict.headline)
+    for line in incident_lines(load_incidents(run_dir)):
+        print(f"incident: {line}")
     print(f"report: {run_dir / 'report.html'}")
     return verdict.exit_code
 
@@ -157,6 +164,9 @@ def resolve(argv: list[str] | None) -> tuple[RunConfig, list]:
         except (OSError, ValueError, KeyError) as e:
             raise ConfigError(f"--resume {run_dir}: not a run directory with a readable config.json ({e})") from None
         cfg = for_resume(saved, cfg, explicit, run_dir)
+        if cfg.trust_run_config and cfg.server_command:
+            print(f"--trust-run-config: running the server command stored in {run_dir / 'config.json'}: "
+                  f"{shlex.join(cfg.server_command)}")
     from workloads.schema import WorkloadError
 
     try:
@@ -186,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = create_run_dir(cfg.runs_dir, cfg.run_id or new_run_id())
         else:
             update_latest(run_dir)
+    except FileExistsError as e:
+        print(f"specgate: error: {e}", file=sys.stderr)
+        return EXIT_HARNESS_FAILED
+    except OSError as e:
+        where = run_dir or Path(cfg.runs_dir)
+        print(f"specgate: error: cannot write the run directory under {where} ({e.strerror or e}); choose a "
+              "writable --runs-dir", file=sys.stderr)
+        return EXIT_HARNESS_FAILED
+    try:
         print(f"run directory: {run_dir}")
         if cfg.intervals and not cfg.external:
             missing = sorted({s.interval for s in sessions if s.interval is not None} - set(cfg.intervals))
@@ -223,7 +242,7 @@ def execute(cfg: RunConfig, sessions: list, run_dir: Path, run_id: str, backend:
     if cfg.external:
         backend = backend or backend_of(cfg)
         plan, infos = probed or make_plan(cfg, sessions, probe=True, backend=backend)
-        cands, ref = external_pools(plan, cfg.api_key, cfg.startup_timeout, backend)
+        cands, ref = external_pools(plan, cfg.api_key, cfg.recover_timeout, backend)
         return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, infos))
     plan = builtin_plan(cfg, sessions)
     pools = RayPools(cfg, plan, run_id)

@@ -48,8 +48,12 @@ def case_meta(session) -> dict:
 def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, concurrency: int | None,
                  replica_id: str | None, node_id: str | None, session, turn: int, input_ids: list[int],
                  input_hash: str, max_new_tokens: int, gen: Generation | None, t_start: float, retries: int,
-                 error: str | None, tokenizer: str) -> dict:
-    """One JSON-ready record; output fields are empty when `gen` is None (the request failed)."""
+                 error: str | None, tokenizer: str, cache_lost: str | None = None) -> dict:
+    """One JSON-ready record; output fields are empty when `gen` is None (the request failed).
+
+    `cache_lost`: why a later turn of a session could not find the cache its previous turn left on its replica
+    ("resume", "replica restart", "fail-over"), so its prefix-cache restore path was not exercised; else None.
+    """
     g = gen
     return {
         "schema": SCHEMA,
@@ -88,5 +92,6 @@ def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, c
         "retries": retries,
         "error": error,
         "tokenizer": tokenizer,
+        "cache_lost": cache_lost,
     }
 

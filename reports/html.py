@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from reports.gate import Verdict
+from reports.incidents import incidents_html
 from reports.oracle import top_margin
 from reports.results import RunResults, attribution_text, crossing_text, divergence_text, value_or_none
 
@@ -258,6 +259,7 @@ def render_html(results: RunResults) -> str:
              _verdict(verdict, config), "<main>", _figures(df, configs, verdict)]
     if warnings:
         parts.append('<div class="warn">' + "<br>".join(esc(w) for w in warnings) + "</div>")
+    parts.append(incidents_html(config, records))
     parts += ["<h2>Per-boundary results</h2>",
               "<p>Each request is attributed to boundaries of several kinds (see docs/reports.md): "
               "<code>restored</code> (offset = tokens prefilled after the restored checkpoint), "

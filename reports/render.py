@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from records.incidents import load_incidents
 from records.jsonl import RunRecords, load_run
 from records.rundir import load_config
 from reports.analyze import analyze
@@ -56,6 +57,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) ->
     if thresholds is None:
         thresholds = GateThresholds.from_config(config)
     config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
+    config["incidents"] = load_incidents(run_dir)  # replica failures, shown by reports/incidents.py
 
     df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold)
     tables = write_tables(df, run_dir)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.incidents import code_span, incidents_markdown
 from reports.results import RunResults, case_text
 
 
@@ -46,7 +47,8 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     bad = df[df["class"].isin(["hard", "error"])].head(10) if len(df) else df
     if len(bad):
         lines += ["## First failing requests", ""]
-        lines += [f"- `{r['key']}`: {case_text(r)}" for r in bad.to_dict("records")]
+        lines += [f"- {code_span(str(r['key']))}: {case_text(r)}" for r in bad.to_dict("records")]
         lines.append("")
+    lines += incidents_markdown(config, results.records)
     lines.append(f"Full report: `{report_path}`")
     return "\n".join(lines) + "\n"

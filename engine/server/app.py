@@ -1,10 +1,11 @@
 """SGLang-compatible HTTP server over an AsyncEngine (DESIGN.md 3.1); `make_app` builds the aiohttp app.
 
-Native endpoints live here; the OpenAI-compatible ones in server_openai.py.
-Validation is in server_validate.py, answer shapes in server_format.py.
+Native endpoints live here; the OpenAI-compatible ones in openai.py.
+Validation is in validate.py, answer shapes in format.py.
 Every error is `{"error": {"message": ...}}` with a 4xx status naming the
 field, or 5xx for the server's own failures; a handler exception never takes
-the server down.
+the server down. A refused request is logged in one short line (method, path,
+status, the first 200 characters of the message), never with its body.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 
 from aiohttp import web
 
-from engine.server.format import generate_answer, sse
+from engine.server.format import GenerateStream, generate_answer, sse
 from engine.server.metrics import render as render_metrics
 from engine.server.openai import add_openai_routes
 from engine.server.state import (
@@ -35,11 +36,17 @@ from protocol.tokenizer import BYTE_TOKENIZER_JSON
 log = logging.getLogger("specgate.server")
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_CLIENT_TIMEOUT = 60.0
+LOGGED_MESSAGE_CHARS = 200
 OPEN_PATHS = {"/health"}  # answered without the API key (load balancers, the harness's health probe)
 VERSION = "specgate-0.1.0"
 
 
-def json_error(err: ApiError) -> web.Response:
+def json_error(request: web.Request, err: ApiError) -> web.Response:
+    """The JSON error answer; logged in one line (a bad body is never echoed into the log)."""
+    level = logging.WARNING if err.status >= 500 else logging.INFO
+    log.log(level, "%s %s -> %d: %s", request.method, request.path[:100], err.status,
+            err.message[:LOGGED_MESSAGE_CHARS])
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
     return web.json_response(err.body(), status=err.status, headers=headers)
 
@@ -51,19 +58,19 @@ async def errors_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as e:
-        return json_error(e)
+        return json_error(request, e)
     except ClientGone:
         return web.Response(status=499, text="client closed the connection")
     except web.HTTPException as e:
         if e.status < 400:
             raise
         field = "body" if e.status == 413 else None
-        return json_error(ApiError(e.status, f"{request.method} {request.path}: {e.reason}", field))
+        return json_error(request, ApiError(e.status, f"{request.method} {request.path[:100]}: {e.reason}", field))
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001 - the server must outlive any one bad request
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return json_error(ApiError(500, f"internal server error: {type(e).__name__}: {e}"))
+        log.exception("unhandled error in %s %s", request.method, request.path[:100])
+        return json_error(request, ApiError(500, f"internal server error: {type(e).__name__}: {str(e)[:200]}"))
 
 
 @web.middleware
@@ -81,7 +88,8 @@ async def auth_middleware(request: web.Request, handler):
         if not given:
             raise ApiError(401, "Authorization: missing API key (send 'Authorization: Bearer <key>')",
                            "Authorization")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        # aiohttp decodes header bytes that are not UTF-8 as surrogates; compare the raw bytes back
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), f"Bearer {key}".encode()):
             raise ApiError(401, "Authorization: wrong API key", "Authorization")
     return await handler(request)
 
@@ -92,22 +100,22 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
     call = parse_generate(await read_json(request), state.limits)
 
-    def answer(out):
-        return generate_answer(out, call, time.perf_counter() - t0, state.speculative)
-
     async with generation(request, call.req) as (first, agen):
         if call.stream:
-            return await stream_events(request, first, agen, lambda out: [sse(answer(out))])
-        return web.json_response(answer(await final_output(request, first, agen)))
+            chunks = GenerateStream(call, state.speculative)
+            return await stream_events(request, first, agen,
+                                       lambda out: [sse(chunks.chunk(out, time.perf_counter() - t0))])
+        out = await final_output(request, first, agen)
+        return web.json_response(generate_answer(out, call, time.perf_counter() - t0, state.speculative))
 
 
 async def handle_health(request: web.Request) -> web.Response:
     state = state_of(request)
     if state.draining:
         return web.json_response({"status": "draining", "error": {"message": "server: shutting down"}}, status=503)
-    if not state.engine.healthy:
-        msg = state.engine.health_error or "engine loop is not running"
-        return web.json_response({"status": "error", "error": {"message": f"engine: {msg}"}}, status=503)
+    problem = state.engine.health_problem()
+    if problem is not None:
+        return web.json_response({"status": "error", "error": {"message": f"engine: {problem}"}}, status=503)
     return web.json_response({"status": "ok"})
 
 
@@ -117,6 +125,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
     info.update(
         version=VERSION, served_model_name=state.model_name, api_key_required=bool(state.api_key),
         max_body_bytes=state.max_body_bytes, draining=state.draining,
+        incremental_streaming_output=True,  # streamed /generate chunks carry only what is new (format.py)
         # SGLang reports the running accept length here
         internal_states=[{"avg_spec_accept_length": info.get("avg_accept_length", 0.0)}],
         **tokenizer_info(),
@@ -152,20 +161,25 @@ async def handle_flush_cache(request: web.Request) -> web.Response:
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
+    """Prometheus text; with the engine dead or stalled, only the server's own metrics (`healthy` 0)."""
     state = state_of(request)
-    stats = await state.engine_call(state.engine.stats)
+    healthy = state.engine.health_problem() is None
+    stats = await state.engine_call(state.engine.stats) if healthy else {}
     server = {"inflight": len(state.inflight), "disconnects": state.disconnects,
-              "healthy": int(state.engine.healthy), "draining": int(state.draining)}
+              "healthy": int(healthy), "draining": int(state.draining)}
     return web.Response(body=render_metrics(stats, server).encode(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 def make_app(async_engine, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-             model_name: str | None = None) -> web.Application:
-    """The aiohttp application serving `async_engine` (an AsyncEngine)."""
+             model_name: str | None = None, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> web.Application:
+    """The aiohttp application serving `async_engine` (an AsyncEngine).
+
+    `client_timeout`: seconds a client may take to send its body or to take one streamed chunk.
+    """
     app = web.Application(middlewares=[errors_middleware, drain_middleware, auth_middleware],
                           client_max_size=max_body_bytes)
-    app[STATE] = ServerState(async_engine, api_key, max_body_bytes, model_name)
+    app[STATE] = ServerState(async_engine, api_key, max_body_bytes, model_name, client_timeout)
     app.router.add_post("/generate", handle_generate)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/server_info", handle_server_info)

@@ -1,43 +1,109 @@
-"""AsyncEngine: the engine loop on a background thread, with asyncio streaming for the server."""
+"""AsyncEngine: the engine loop on a background thread, with asyncio streaming for the server.
+
+The loop publishes what each step *added* to a request (an `OutputDelta` of
+immutable tuples), never a copy of the whole output, so a long request costs
+O(new tokens) per step. Each consumer rebuilds its own cumulative
+`GenerateOutput` from the deltas on the event loop's thread.
+
+Liveness (engine/server/liveness.py): the loop beats a heartbeat every iteration;
+`healthy` is false once it failed or went silent for `heartbeat_timeout`
+seconds, and a watchdog fails it after `watchdog_timeout` seconds of silence.
+`on_death` callbacks run (on the thread that failed it) when it dies, so the
+server can exit and let its supervisor restart it.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import copy
 import queue
 import threading
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import torch
 
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.io_struct import GenerateOutput, GenerateRequest
+from engine.server.liveness import Heartbeat, LoopFault, watch
 
 
 class EngineDeadError(RuntimeError):
     """The engine loop failed; every in-flight and later request gets this error."""
 
 
-class AsyncEngine:
-    """Thread-safe front of an Engine. Each request gets an asyncio queue of output snapshots."""
+@dataclass(frozen=True)
+class OutputDelta:
+    """What the engine added to one request's output since it last published it."""
 
-    def __init__(self, cfg: EngineConfig, engine: Engine | None = None):
+    output_ids: tuple[int, ...]
+    output_logprobs: tuple[float, ...]
+    output_top_logprobs: tuple  # per new token: [(logprob, token_id), ...] best first (never mutated later)
+    spec_trace: tuple
+    cached_tokens: int
+    spec_verify_ct: int
+    finished: bool
+    finish_reason: dict | None
+
+    def apply(self, out: GenerateOutput) -> None:
+        """Extend the consumer's cumulative `out` with this delta."""
+        out.output_ids.extend(self.output_ids)
+        out.output_logprobs.extend(self.output_logprobs)
+        out.output_top_logprobs.extend(self.output_top_logprobs)
+        out.spec_trace.extend(self.spec_trace)
+        out.cached_tokens, out.spec_verify_ct = self.cached_tokens, self.spec_verify_ct
+        out.finished, out.finish_reason = self.finished, self.finish_reason
+
+
+class AsyncEngine:
+    """Thread-safe front of an Engine. Each request gets an asyncio queue of output deltas."""
+
+    def __init__(self, cfg: EngineConfig, engine: Engine | None = None, heartbeat_timeout: float = 5.0,
+                 watchdog_timeout: float = 60.0, loop_fault: LoopFault | None = None):
         self.engine = engine or Engine(cfg)
         self.cfg = cfg
+        self.heartbeat_timeout = heartbeat_timeout
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._sent: dict[str, tuple[int, int, int, int]] = {}  # loop thread only: lengths already published
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
+        self._fault = loop_fault
+        self._death_callbacks: list[Callable[[str], None]] = []
         self.health_error: str | None = None
+        self.heartbeat = Heartbeat()
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
+        watch(lambda: self._stop, self.heartbeat.silent_for, watchdog_timeout,
+              lambda quiet: self.fail(f"engine loop stalled: no heartbeat for {quiet:.1f}s (--watchdog-timeout "
+                                      f"{watchdog_timeout:g})"))
 
     @property
     def healthy(self) -> bool:
-        return self.health_error is None and self._thread.is_alive()
+        return self.health_problem() is None
+
+    def health_problem(self) -> str | None:
+        """Why the engine cannot serve now (dead, or its loop silent too long), or None."""
+        if self.health_error is not None:
+            return self.health_error
+        if not self._thread.is_alive():
+            return "engine loop is not running"
+        quiet = self.heartbeat.silent_for()
+        if quiet > self.heartbeat_timeout:
+            return (f"engine loop stalled: no heartbeat for {quiet:.1f}s "
+                    f"(--heartbeat-timeout {self.heartbeat_timeout:g})")
+        return None
+
+    def on_death(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(message)` once the engine dies (at once if it already has)."""
+        with self._lock:
+            dead = self.health_error
+            if dead is None:
+                self._death_callbacks.append(callback)
+        if dead is not None:
+            callback(dead)
 
     @property
     def model_config(self):
@@ -45,11 +111,12 @@ class AsyncEngine:
 
     # --- client side --------------------------------------------------------
     async def generate_stream(self, req: GenerateRequest) -> AsyncIterator[GenerateOutput]:
-        """Yield snapshots of req's output as tokens arrive; the last one has finished=True.
+        """Yield req's output as tokens arrive: one GenerateOutput, extended in place between yields (read it
+        before asking for the next); the last yield has finished=True.
 
         Raises ValueError for a request the engine cannot serve, EngineDeadError if the loop died.
         """
-        if not self.healthy:
+        if self.health_error is not None or not self._thread.is_alive():
             raise EngineDeadError(self.health_error or "engine loop is not running")
         self.engine.validate(req)
         loop = asyncio.get_running_loop()
@@ -60,14 +127,23 @@ class AsyncEngine:
             self._streams[req.rid] = (loop, q)
         self._inbox.put(("submit", req))
         self._wake.set()
+        out = GenerateOutput(rid=req.rid, prompt_tokens=len(req.input_ids))
+        error: BaseException | None = None
         try:
-            while True:
-                item = await q.get()
+            while not out.finished:
+                item = error or await q.get()
                 if isinstance(item, BaseException):
                     raise item
-                yield item
-                if item.finished:
-                    return
+                item.apply(out)
+                # apply the deltas already queued too (one yield for all); an error among them is raised on the
+                # next call, once what was produced before it has been handed out
+                while not out.finished and not q.empty():
+                    item = q.get_nowait()
+                    if isinstance(item, BaseException):
+                        error = item
+                        break
+                    item.apply(out)
+                yield out
         finally:
             with self._lock:
                 still_open = self._streams.pop(req.rid, None) is not None
@@ -114,18 +190,28 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout)
         stop_ranks = getattr(self.engine.runner, "shutdown", None)  # tensor-parallel ranks
-        if stop_ranks is not None:
+        if stop_ranks is not None and not self._thread.is_alive():  # never race a loop stuck in a collective
             stop_ranks()
 
     # --- loop side ----------------------------------------------------------
     def _publish(self, out: GenerateOutput) -> None:
+        n_ids, n_lp, n_top, n_tr = self._sent.get(out.rid, (0, 0, 0, 0))
+        if out.finished:
+            self._sent.pop(out.rid, None)
+        else:
+            self._sent[out.rid] = (len(out.output_ids), len(out.output_logprobs), len(out.output_top_logprobs),
+                                   len(out.spec_trace))
         with self._lock:
             target = self._streams.get(out.rid)
             if target is not None and out.finished:
                 self._streams.pop(out.rid)
-        if target is not None:
-            loop, q = target
-            loop.call_soon_threadsafe(q.put_nowait, copy.deepcopy(out))
+        if target is None:
+            return
+        delta = OutputDelta(tuple(out.output_ids[n_ids:]), tuple(out.output_logprobs[n_lp:]),
+                            tuple(out.output_top_logprobs[n_top:]), tuple(out.spec_trace[n_tr:]),
+                            out.cached_tokens, out.spec_verify_ct, out.finished, out.finish_reason)
+        loop, q = target
+        loop.call_soon_threadsafe(q.put_nowait, delta)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -157,26 +243,39 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         torch.set_num_threads(max(1, torch.get_num_threads()))
+        steps = 0
         try:
             while not self._stop:
+                self.heartbeat.beat()
                 self._drain_inbox()
                 if not self.engine.has_work:
                     self._wake.wait(0.05)
                     self._wake.clear()
                     continue
+                if self._fault is not None:
+                    self._fault.check(steps)
                 for out in self.engine.step():
                     self._publish(out)
+                steps += 1
         except Exception as e:  # noqa: BLE001 - the loop must report, not vanish
             traceback.print_exc()
-            self.fail(f"engine loop failed: {e}")
+            self.fail(f"engine loop failed: {type(e).__name__}: {e}")
 
     def fail(self, message: str) -> None:
-        """Mark the engine dead (e.g. a tensor-parallel rank died): every in-flight request errors now."""
-        if self.health_error is None:
-            self.health_error = message
-        self._stop = True
+        """Mark the engine dead (the loop raised or stalled, a tensor-parallel rank died): every in-flight
+        request errors now, and the `on_death` callbacks run."""
         with self._lock:
+            if self.health_error is not None:
+                return
+            self.health_error = message
+            self._stop = True
             streams = list(self._streams.items())
             self._streams.clear()
+            callbacks, self._death_callbacks = self._death_callbacks, []
         for _rid, (loop, q) in streams:
-            loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(self.health_error))
+            loop.call_soon_threadsafe(q.put_nowait, EngineDeadError(message))
+        for cb in callbacks:
+            try:
+                cb(message)
+            except Exception:  # noqa: BLE001 - e.g. the server's event loop is already closed
+                traceback.print_exc()

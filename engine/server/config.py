@@ -13,6 +13,7 @@ from dataclasses import MISSING, dataclass, fields
 
 from engine.config import EngineConfig, setting
 from engine.faults import FAULTS, check_fault_name
+from engine.server.liveness import LoopFault
 
 
 @dataclass(frozen=True)
@@ -21,11 +22,25 @@ class ServerConfig:
 
     host: str = setting("127.0.0.1", "address to bind (0.0.0.0 exposes it to the network)", "http server")
     port: int = setting(30000, "port to bind (0: any free port, printed)", "http server")
-    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every endpoint except /health",
-                                  "http server")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every endpoint except /health "
+                                  "(visible in the process list: prefer --api-key-file or the SPECGATE_API_KEY "
+                                  "environment variable)", "http server")
+    api_key_file: str | None = setting(None, "read the API key from this file (first line; keep it mode 0600)",
+                                       "http server")
     max_body_bytes: int = setting(1 << 20, "largest accepted request body; larger ones get 413", "http server")
     shutdown_timeout: float = setting(10.0, "on SIGTERM, seconds in-flight requests may run before they are "
                                       "aborted", "http server")
+    keepalive_timeout: float = setting(15.0, "seconds an idle connection (also one that has not sent a whole "
+                                       "request yet) stays open", "http server")
+    client_timeout: float = setting(60.0, "seconds a client may take to send its request body, or to take one "
+                                    "streamed chunk, before it is treated as gone", "http server")
+    max_connections: int = setting(512, "open connections at most (lowered to the open-file limit minus 64); "
+                                   "more are answered 503 and closed", "http server")
+    heartbeat_timeout: float = setting(5.0, "/health answers 503 once the engine loop has shown no sign of life "
+                                       "for this many seconds", "liveness")
+    watchdog_timeout: float = setting(60.0, "the server fails its requests and exits (status 3) once the engine "
+                                      "loop has shown no sign of life for this many seconds", "liveness")
+    test_loop_fault: str | None = setting(None, "test aid: raise-after:N or hang-after:N", "testing")
     tp_rendezvous: str | None = setting(
         None, "with --tp-size N: do not start ranks 1..N-1 here; listen on HOST:PORT for rank workers started "
         "elsewhere (the harness's Ray rank actors); the server exits if a rank dies", "tensor parallelism")
@@ -60,10 +75,30 @@ def _fault(value: str) -> str:
     return value
 
 
+def _positive_float(value: str) -> float:
+    x = float(value)
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return x
+
+
+def _loop_fault(value: str) -> str:
+    try:
+        LoopFault.parse(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
 # flag parsers stricter than the field's type
 PARSERS = {"port": _port, "shutdown_timeout": _non_negative_float, "max_body_bytes": _positive_int,
-           "inject_fault": _fault}
-METAVARS = {"inject_fault": "NAME", "tp_rendezvous": "HOST:PORT"}
+           "inject_fault": _fault, "keepalive_timeout": _positive_float, "client_timeout": _positive_float,
+           "max_connections": _positive_int, "heartbeat_timeout": _positive_float,
+           "watchdog_timeout": _positive_float, "test_loop_fault": _loop_fault}
+METAVARS = {"inject_fault": "NAME", "tp_rendezvous": "HOST:PORT", "api_key_file": "FILE",
+            "test_loop_fault": "raise-after:N|hang-after:N"}
+# test aids left out of --help (documented in docs/server.md, "Test aids")
+HIDDEN = {"test_loop_fault"}
 
 
 def flag(name: str) -> str:
@@ -80,7 +115,8 @@ def _add_fields(parser: argparse.ArgumentParser, cls, groups: dict) -> None:
         kind = PARSERS.get(f.name) or (type(f.default) if f.default is not None and f.default is not MISSING
                                        else str)
         group.add_argument(flag(f.name), type=kind, default=f.default, choices=meta.get("choices"),
-                           metavar=METAVARS.get(f.name), help=meta["help"])
+                           metavar=METAVARS.get(f.name),
+                           help=argparse.SUPPRESS if f.name in HIDDEN else meta["help"])
 
 
 def build_parser(doc: str = "") -> argparse.ArgumentParser:
@@ -109,6 +145,11 @@ def configs_from_args(args: argparse.Namespace,
     server = ServerConfig(**{f.name: getattr(args, f.name) for f in fields(ServerConfig)})
     if server.tp_rendezvous and cfg.tp_size == 1:
         parser.error("--tp-rendezvous needs --tp-size > 1")
+    if server.api_key and server.api_key_file:
+        parser.error("--api-key and --api-key-file exclude each other")
+    if server.heartbeat_timeout >= server.watchdog_timeout:
+        parser.error(f"--heartbeat-timeout ({server.heartbeat_timeout:g}) must be below --watchdog-timeout "
+                     f"({server.watchdog_timeout:g})")
     return cfg, server
 
 

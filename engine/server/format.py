@@ -60,8 +60,9 @@ def logprob_entry(lp: float, token_id: int, with_text: bool) -> list:
     return [finite(lp), token_id, token_str(token_id) if with_text else None]
 
 
-def generate_answer(out: GenerateOutput, call: GenerateCall, e2e_latency: float, speculative: bool) -> dict:
-    """The /generate answer (or one cumulative stream snapshot) for output `out`."""
+def meta_info(out: GenerateOutput, call: GenerateCall, e2e_latency: float, speculative: bool, start: int = 0,
+              trace_start: int = 0) -> dict:
+    """SGLang's `meta_info` for `out`; per-token lists (logprobs, spec_trace) from `start` / `trace_start` on."""
     meta = {
         "id": out.rid,
         "finish_reason": out.finish_reason if out.finished else None,
@@ -72,17 +73,71 @@ def generate_answer(out: GenerateOutput, call: GenerateCall, e2e_latency: float,
     }
     if call.return_logprob:
         with_text = call.return_text_in_logprobs
+        ids = out.output_ids
         meta["output_token_logprobs"] = [
-            logprob_entry(lp, t, with_text) for lp, t in zip(out.output_logprobs, out.output_ids, strict=False)]
+            logprob_entry(out.output_logprobs[i], ids[i], with_text) for i in range(start, len(out.output_logprobs))]
         meta["output_top_logprobs"] = [
-            [logprob_entry(lp, t, with_text) for lp, t in top] for top in out.output_top_logprobs]
+            [logprob_entry(lp, t, with_text) for lp, t in out.output_top_logprobs[i]]
+            for i in range(start, len(out.output_top_logprobs))]
     if speculative:
         meta["spec_verify_ct"] = out.spec_verify_ct
         meta["spec_accept_length"] = out.spec_accept_length
-        meta["spec_trace"] = [list(step) for step in out.spec_trace]
-    text = output_text(out, call.skip_special_tokens, call.no_stop_trim) if out.finished else \
-        BYTE_TOKENIZER.decode(out.output_ids, keep_special=not call.skip_special_tokens)
-    return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}
+        meta["spec_trace"] = [list(step) for step in out.spec_trace[trace_start:]]
+    return meta
+
+
+def generate_answer(out: GenerateOutput, call: GenerateCall, e2e_latency: float, speculative: bool) -> dict:
+    """The (unstreamed) /generate answer for the finished output `out`."""
+    text = output_text(out, call.skip_special_tokens, call.no_stop_trim)
+    return {"text": text, "output_ids": list(out.output_ids),
+            "meta_info": meta_info(out, call, e2e_latency, speculative)}
+
+
+class GenerateStream:
+    """Streamed /generate chunks as SGLang sends them with `--incremental-streaming-output`: each chunk carries
+    only the new `output_ids`, the new log-prob entries, the new `spec_trace` steps and the new text;
+    `meta_info` counters (`completion_tokens`, `cached_tokens`, `spec_verify_ct`...) are cumulative. The chunks'
+    texts concatenate to the unstreamed answer's text, so a few characters are held back while they could still
+    start a stop string that would be trimmed. A chunk costs O(new tokens), never O(output so far).
+    """
+
+    def __init__(self, call: GenerateCall, speculative: bool) -> None:
+        self.call, self.speculative = call, speculative
+        self.sent_tokens = 0
+        self.sent_trace = 0
+        self.sent_chars = 0
+        self.pending = ""  # decoded text not yet sent
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.hold = 0 if call.no_stop_trim else max((len(s) for s in call.req.sampling.stop), default=1) - 1
+
+    def _decode_new(self, ids: list[int]) -> None:
+        run = bytearray()
+        for t in ids:
+            if t < NUM_BYTES:
+                run.append(t)
+            elif not self.call.skip_special_tokens:  # as ByteTokenizer.decode: a special ends a byte run
+                self.pending += self.decoder.decode(bytes(run), final=True) + SPECIAL_NAMES.get(t, "")
+                run.clear()
+        self.pending += self.decoder.decode(bytes(run))
+
+    def _text(self, out: GenerateOutput, new_ids: list[int]) -> str:
+        if out.finished:  # trimming needs the whole text, once
+            text = output_text(out, self.call.skip_special_tokens, self.call.no_stop_trim)[self.sent_chars:]
+        else:
+            self._decode_new(new_ids)
+            cut = max(len(self.pending) - self.hold, 0)
+            text, self.pending = self.pending[:cut], self.pending[cut:]
+        self.sent_chars += len(text)
+        return text
+
+    def chunk(self, out: GenerateOutput, e2e_latency: float) -> dict:
+        """The next chunk: what `out` holds beyond what earlier chunks sent."""
+        new_ids = out.output_ids[self.sent_tokens:]
+        meta = meta_info(out, self.call, e2e_latency, self.speculative, self.sent_tokens, self.sent_trace)
+        text = self._text(out, new_ids)
+        self.sent_tokens += len(new_ids)
+        self.sent_trace = len(out.spec_trace)
+        return {"text": text, "output_ids": new_ids, "meta_info": meta}
 
 
 def sse(obj) -> bytes:

@@ -32,7 +32,8 @@ class ClientGone(Exception):
 class ServerState:
     """Per-app state: the engine, its limits, requests in flight, shutdown flag."""
 
-    def __init__(self, engine, api_key: str | None, max_body_bytes: int, model_name: str | None = None):
+    def __init__(self, engine, api_key: str | None, max_body_bytes: int, model_name: str | None = None,
+                 client_timeout: float = 60.0):
         self.engine = engine
         self.cfg = engine.cfg
         mc = engine.model_config
@@ -42,6 +43,7 @@ class ServerState:
         self.model_name = model_name or (f"random-{self.cfg.model_preset}" if path == "random" else path)
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
+        self.client_timeout = client_timeout
         self.inflight: dict[int, str] = {}  # serial -> rid
         self._serial = itertools.count()
         self.disconnects = 0
@@ -50,8 +52,9 @@ class ServerState:
 
     async def engine_call(self, fn: Callable):
         """Run a blocking AsyncEngine query (stats, flush...) off the event loop; 503 if the engine is gone."""
-        if not self.engine.healthy:
-            raise ApiError(503, f"engine: not running ({self.engine.health_error or 'loop stopped'})")
+        problem = self.engine.health_problem()
+        if problem is not None:
+            raise ApiError(503, f"engine: not serving ({problem})")
         try:
             return await asyncio.to_thread(fn)
         except TimeoutError:
@@ -66,15 +69,20 @@ def state_of(request: web.Request) -> ServerState:
 
 
 async def read_json(request: web.Request) -> dict:
-    """The body as a JSON object; 413 past the size limit, 400 if it is not a JSON object."""
-    limit = state_of(request).max_body_bytes
+    """The body as a JSON object; 413 past the size limit, 408 if it does not arrive within the client timeout,
+    400 if it is not a JSON object."""
+    state = state_of(request)
+    limit = state.max_body_bytes
     too_large = ApiError(413, f"body: larger than the limit of {limit} bytes (--max-body-bytes)", "body")
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), state.client_timeout)
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"body: not received within {state.client_timeout:g}s (--client-timeout)",
+                       "body") from None
     if len(raw) > limit:
         raise too_large
     return parse_body(raw)
@@ -130,22 +138,35 @@ async def final_output(request: web.Request, first: GenerateOutput, agen) -> Gen
 
 async def stream_events(request: web.Request, first: GenerateOutput, agen,
                         events: Callable[[GenerateOutput], list[bytes]]) -> web.StreamResponse:
-    """Answer with server-sent events: events(out) for every output snapshot, then `data: [DONE]`."""
+    """Answer with server-sent events: events(out) for every output update, then `data: [DONE]`.
+
+    If the engine dies mid-stream the status line (200) is already sent: the error goes in-band, as SGLang
+    does, with its 5xx `code` so that a client knows to retry elsewhere. A client that takes no chunk for the
+    client timeout is treated as gone.
+    """
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
+    timeout = state_of(request).client_timeout
+
+    async def write(data: bytes) -> None:
+        try:
+            await asyncio.wait_for(resp.write(data), timeout)
+        except asyncio.TimeoutError:
+            raise ClientGone from None
+
     out = first
     try:
         while True:
             for event in events(out):
-                await resp.write(event)
+                await write(event)
             if out.finished:
                 break
             try:
                 out = await next_output(agen)
-            except ApiError as e:  # the engine died mid-stream: say so in-band, as SGLang does
-                await resp.write(sse(e.body()))
+            except ApiError as e:
+                await write(sse(e.body()))
                 break
-        await resp.write(SSE_DONE)
+        await write(SSE_DONE)
         await resp.write_eof()
     except ConnectionResetError:
         raise ClientGone from None

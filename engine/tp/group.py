@@ -3,16 +3,48 @@
 Sharding scheme (Megatron style): column-parallel projections split output
 features by head, row-parallel projections split input features and all-reduce
 their partial sums. The embedding / LM head and all norms are replicated.
+
+The group is not open to the network: its rendezvous store and its gloo
+connections listen on the address given (127.0.0.1 on one node), every rank
+proves it holds the replica's shared secret before the group is used (a mutual
+HMAC challenge over fresh nonces from every rank), and ranks exchange only
+tensors and JSON, never pickles, so a peer can never make another run code.
 """
 
 from __future__ import annotations
 
-import pickle
+import hashlib
+import hmac
+import json
+import secrets
+import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+NONCE_BYTES = 32
+AUTH_CONTEXT = b"specgate-tp-auth-v1"
+
+
+class GroupAuthError(RuntimeError):
+    """A peer of the rank group could not prove it holds the shared secret."""
+
+
+def rank_mac(secret: bytes, rank: int, nonces: bytes) -> bytes:
+    """What rank `rank` must show: HMAC-SHA256 over the context, its rank and every rank's nonce."""
+    return hmac.new(secret, AUTH_CONTEXT + rank.to_bytes(4, "big") + nonces, hashlib.sha256).digest()
+
+
+def _listening_socket(addr: str, port: int) -> int:
+    """A socket bound to addr:port (not to every interface, as TCPStore's own would be); its fd."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((addr, port))
+    s.listen(128)
+    return s.detach()  # owned by the store from now on
 
 
 class Group:
@@ -20,22 +52,48 @@ class Group:
 
     Owning the group (instead of torch.distributed's process-wide default) lets one
     process hold several replicas, as tests do. On CUDA a NCCL group would take its place.
+    `addr:port` is rank 0's rendezvous; `bind` is the address this rank's gloo connections
+    listen on (default `addr`: every rank on one node).
     """
 
-    def __init__(self, rank: int, size: int, addr: str, port: int, timeout_s: float):
+    def __init__(self, rank: int, size: int, addr: str, port: int, timeout_s: float, secret: bytes,
+                 bind: str | None = None):
+        if not secret:
+            raise GroupAuthError("a tensor-parallel group needs a shared secret")
         timeout = timedelta(seconds=timeout_s)
-        self.store = dist.TCPStore(addr, port, size, is_master=rank == 0, timeout=timeout)
-        self.pg = dist.ProcessGroupGloo(self.store, rank, size, timeout)
+        fd = _listening_socket(addr, port) if rank == 0 else -1
+        self.store = dist.TCPStore(addr, port, size, is_master=rank == 0, timeout=timeout,
+                                   **({"master_listen_fd": fd} if rank == 0 else {}))
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=bind or addr)]
+        self.pg = dist.ProcessGroupGloo(self.store, rank, size, opts)
         self.rank, self.size = rank, size
+        self._authenticate(secret)
+
+    def _all_gather_bytes(self, data: bytes) -> list[bytes]:
+        mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [[torch.empty_like(mine) for _ in range(self.size)]]
+        self.pg.allgather(out, [mine]).wait()
+        return [t.numpy().tobytes() for t in out[0]]
+
+    def _authenticate(self, secret: bytes) -> None:
+        """Every rank checks that every other rank holds `secret` (raises GroupAuthError naming it)."""
+        nonces = b"".join(self._all_gather_bytes(secrets.token_bytes(NONCE_BYTES)))
+        macs = self._all_gather_bytes(rank_mac(secret, self.rank, nonces))
+        for r, mac in enumerate(macs):
+            if not hmac.compare_digest(mac, rank_mac(secret, r, nonces)):
+                raise GroupAuthError(f"tensor-parallel rank {r} failed authentication (wrong shared secret): "
+                                     "refusing to work with it")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         self.pg.allreduce([x]).wait()
         return x
 
-    def broadcast_object(self, obj=None):
-        """Rank 0 sends obj (pickled), every other rank receives and returns it."""
+    def broadcast_json(self, obj=None):
+        """Rank 0 sends `obj` (plain data: JSON), every other rank receives and returns it."""
         if self.rank == 0:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+            data = torch.frombuffer(bytearray(json.dumps(obj, separators=(",", ":")).encode()), dtype=torch.uint8)
             n = torch.tensor([data.numel()], dtype=torch.long)
         else:
             n = torch.zeros(1, dtype=torch.long)
@@ -43,7 +101,7 @@ class Group:
         if self.rank != 0:
             data = torch.empty(int(n), dtype=torch.uint8)
         self.pg.broadcast(data, 0).wait()
-        return obj if self.rank == 0 else pickle.loads(data.numpy().tobytes())
+        return obj if self.rank == 0 else json.loads(data.numpy().tobytes())
 
 
 @dataclass(frozen=True)

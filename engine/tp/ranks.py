@@ -5,7 +5,8 @@ the heads (see engine/tp/group.py for the split), joined by a torch.distributed
 group (gloo on CPU, NCCL on CUDA). Rank 0 runs the scheduler; every runner call
 that touches model state is broadcast to the other ranks before rank 0 runs it,
 so all ranks execute the same step (the "plan" is the call and its plain-int
-arguments). The embedding / LM head is replicated, so every rank ends a forward
+arguments, sent as JSON and checked against `MIRRORED` before it runs: a rank
+never unpickles what it receives). The embedding / LM head is replicated, so every rank ends a forward
 with the same logits and rank 0 decides on its own copy. The DFlash drafter runs
 on rank 0 only.
 
@@ -25,11 +26,28 @@ from engine.runner import ModelRunner
 from engine.tp.group import Group, TPContext
 
 MIRRORED = ("extend", "decode", "verify", "commit_verify", "copy_state", "zero_states")
+STOP = "stop"
 DEFAULT_TIMEOUT_S = 30.0
 
 
 class RankFailure(RuntimeError):
     """A tensor-parallel rank stopped answering; the message names it."""
+
+
+def encode_call(name: str, args: tuple, kwargs: dict) -> list:
+    """A runner call as plain data for `Group.broadcast_json`."""
+    return [name, list(args), dict(kwargs)]
+
+
+def decode_call(msg) -> tuple[str, list, dict]:
+    """(name, args, kwargs) of a received call; ValueError unless it is a mirrored call (or stop) in plain data."""
+    if not (isinstance(msg, list) and len(msg) == 3 and isinstance(msg[0], str) and isinstance(msg[1], list)
+            and isinstance(msg[2], dict)):
+        raise ValueError(f"tensor-parallel call: malformed message {str(msg)[:80]!r}")
+    name, args, kwargs = msg
+    if name != STOP and name not in MIRRORED:
+        raise ValueError(f"tensor-parallel call: {name[:40]!r} is not a mirrored runner call")
+    return name, args, kwargs
 
 
 def build_runner(cfg: EngineConfig, group: Group) -> ModelRunner:
@@ -42,14 +60,15 @@ def build_runner(cfg: EngineConfig, group: Group) -> ModelRunner:
 class RankWorker:
     """Ranks 1..N-1: replay every call rank 0 broadcasts until told to stop."""
 
-    def __init__(self, cfg: EngineConfig, rank: int, size: int, addr: str, port: int):
-        self.group = Group(rank, size, addr, port, DEFAULT_TIMEOUT_S)
+    def __init__(self, cfg: EngineConfig, rank: int, size: int, addr: str, port: int, secret: bytes,
+                 bind: str | None = None):
+        self.group = Group(rank, size, addr, port, DEFAULT_TIMEOUT_S, secret, bind)
         self.runner = build_runner(cfg, self.group)
 
     def serve_forever(self) -> None:
         while True:
-            name, args, kwargs = self.group.broadcast_object()
-            if name == "stop":
+            name, args, kwargs = decode_call(self.group.broadcast_json())
+            if name == STOP:
                 return
             getattr(self.runner, name)(*args, **kwargs)
 
@@ -57,8 +76,8 @@ class RankWorker:
 class TPRunner:
     """Rank 0's runner: broadcasts each state-changing call, then runs it on its own shard."""
 
-    def __init__(self, cfg: EngineConfig, size: int, addr: str, port: int, alive=None):
-        self.group = Group(0, size, addr, port, DEFAULT_TIMEOUT_S)
+    def __init__(self, cfg: EngineConfig, size: int, addr: str, port: int, secret: bytes, alive=None):
+        self.group = Group(0, size, addr, port, DEFAULT_TIMEOUT_S, secret)
         self.local = build_runner(cfg, self.group)
         self.size = size
         self.alive = alive  # optional callable -> list of dead rank descriptions
@@ -70,7 +89,7 @@ class TPRunner:
             return attr
 
         def mirrored(*args, **kwargs):
-            self._broadcast((name, args, kwargs))
+            self._broadcast(encode_call(name, args, kwargs))
             try:
                 return attr(*args, **kwargs)
             except RuntimeError as e:  # a collective inside the forward failed
@@ -82,7 +101,7 @@ class TPRunner:
         if self.failure:
             raise RankFailure(self.failure)
         try:
-            self.group.broadcast_object(msg)
+            self.group.broadcast_json(msg)
         except RuntimeError as e:
             raise self._failure(e) from e
 
@@ -101,7 +120,7 @@ class TPRunner:
     def shutdown(self) -> None:
         if self.failure is None:
             try:
-                self.group.broadcast_object(("stop", (), {}))
+                self.group.broadcast_json(encode_call(STOP, (), {}))
             except RuntimeError:
                 pass
             self.failure = "shut down"

@@ -70,8 +70,11 @@ class Backend(ABC):
         """The request body for greedy, fixed-length generation with logprobs."""
 
     @abstractmethod
-    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float) -> Generation:
-        """Send `payload` to `url`; the final answer as a Generation (ReplicaFailure / RequestError)."""
+    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
+                       incremental: bool = False) -> Generation:
+        """Send `payload` to `url`; the final answer as a Generation (ReplicaFailure / RequestError).
+
+        `incremental`: the server said it streams only what is new in each chunk."""
 
     async def health(self, http: aiohttp.ClientSession, url: str, timeout: float = 5.0) -> bool:
         """True when GET /health answers 200."""

@@ -162,7 +162,8 @@ class OpenAIBackend(Backend):
             body.update(ignore_eos=True, return_token_ids=True)
         return body
 
-    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float) -> Generation:
+    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
+                       incremental: bool = False) -> Generation:  # OpenAI streams are always incremental
         endpoint = self.endpoints.get(url) or Endpoint(await self._model(http, url), tokens=TokenMap(self.tokenizer))
         self.endpoints[url] = endpoint
         headers = dict(self.headers(), **({"X-Request-Id": payload["rid"]} if payload.get("rid") else {}))

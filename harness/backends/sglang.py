@@ -72,11 +72,12 @@ async def _check_status(resp: aiohttp.ClientResponse) -> None:
 
 
 async def generate(session: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
-                   api_key: str | None = None) -> Generation:
+                   api_key: str | None = None, incremental: bool = False) -> Generation:
     """POST /generate and return its final answer; streamed answers also give TTFT and mean ITL.
 
-    Streamed snapshots are cumulative, so only the first chunk carrying tokens
-    (for TTFT) and the last one (the answer) are parsed in full.
+    `incremental`: the server streams only what is new in each chunk (it says
+    `incremental_streaming_output: true` in /server_info, as the built-in engine does and SGLang does with
+    `--incremental-streaming-output`); otherwise chunks are SGLang's default cumulative snapshots.
     """
     t0 = time.perf_counter()
     try:
@@ -86,16 +87,62 @@ async def generate(session: aiohttp.ClientSession, url: str, payload: dict, time
             if not payload.get("stream"):
                 obj = await resp.json(content_type=None)
                 return parse_answer(obj, None, None, time.perf_counter() - t0)
-            return await _read_stream(resp, t0)
+            return await _read_stream(resp, t0, incremental)
     except asyncio.TimeoutError as e:
         raise RequestError(f"timeout after {timeout:g}s") from e
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
         raise ReplicaFailure(f"{type(e).__name__}: {e}") from e
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, t0: float) -> Generation:
+def stream_error(obj: dict) -> Exception | None:
+    """The failure an in-band `{"error": ...}` chunk reports: a 4xx `code` is the request's own error, anything
+    else (a 5xx code, as when the engine died mid-stream, or none) is the replica's."""
+    err = obj.get("error")
+    if not isinstance(err, (str, dict)):
+        return None
+    code = err.get("code") if isinstance(err, dict) else None
+    message = err.get("message", err) if isinstance(err, dict) else err
+    if isinstance(code, int) and 400 <= code < 500:
+        return RequestError(f"server error {code}: {str(message)[:300]}")
+    return ReplicaFailure(f"server error{f' {code}' if code else ''} mid-stream: {str(message)[:300]}")
+
+
+class StreamAssembly:
+    """Incremental chunks put together: ids, text, per-token logprobs and spec_trace steps concatenated."""
+
+    LISTS = ("output_token_logprobs", "output_top_logprobs", "spec_trace")
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.text: list[str] = []
+        self.lists: dict[str, list] = {k: [] for k in self.LISTS}
+        self.meta: dict = {}
+
+    def add(self, obj: dict) -> None:
+        self.ids += obj.get("output_ids") or []
+        self.text.append(obj.get("text") or "")
+        meta = obj.get("meta_info") or {}
+        for key, acc in self.lists.items():
+            acc += meta.get(key) or []
+        self.meta = meta
+
+    def answer(self) -> dict:
+        """The whole answer; RequestError if the chunks disagree with the server's own token count."""
+        claimed = self.meta.get("completion_tokens")
+        if claimed is not None and int(claimed) != len(self.ids):
+            raise RequestError(f"incremental stream chunks hold {len(self.ids)} tokens but the server counts "
+                               f"{claimed}: is the server really streaming incrementally?")
+        meta = dict(self.meta)
+        meta.update({k: v for k, v in self.lists.items() if k in self.meta or v})
+        return {"text": "".join(self.text), "output_ids": self.ids, "meta_info": meta}
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, t0: float, incremental: bool = False) -> Generation:
+    """The final answer of a server-sent-event stream. Cumulative chunks: only the first one carrying tokens (for
+    TTFT) and the last one are parsed; incremental chunks are each parsed and put together."""
     buf = b""
-    last: bytes | None = None
+    last: dict | None = None
+    assembly = StreamAssembly() if incremental else None
     t_first = t_last = None
     done = False
     async for data in resp.content.iter_any():
@@ -110,18 +157,21 @@ async def _read_stream(resp: aiohttp.ClientResponse, t0: float) -> Generation:
             if body == b"[DONE]":
                 done = True
                 continue
-            last = body
+            obj = json.loads(body) if assembly is not None or t_first is None or b'"error"' in body else None
+            if obj is not None and (failure := stream_error(obj)) is not None:
+                raise failure
             t_last = now
-            if t_first is None and json.loads(body).get("output_ids"):
+            if assembly is not None:
+                assembly.add(obj)
+            last = obj if obj is not None else body
+            if t_first is None and obj is not None and obj.get("output_ids"):
                 t_first = now
     if last is None:
         raise ReplicaFailure("stream ended without an answer")
-    obj = json.loads(last)
+    obj = assembly.answer() if assembly is not None else (last if isinstance(last, dict) else json.loads(last))
     finish = (obj.get("meta_info") or {}).get("finish_reason")
     if not done and finish is None:
         raise ReplicaFailure("stream ended before the request finished")
-    if isinstance(obj.get("error"), (str, dict)) and not obj.get("output_ids"):
-        raise RequestError(f"server error: {obj['error']}")
     n = len(obj.get("output_ids") or [])
     ttft = t_first - t0 if t_first is not None else None
     itl = (t_last - t_first) / (n - 1) if t_first is not None and n > 1 else None
@@ -175,8 +225,9 @@ class SGLangBackend(Backend):
     def payload(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:
         return generate_payload("", input_ids, max_new_tokens, stream)
 
-    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float) -> Generation:
-        return await generate(http, url, payload, timeout, self.api_key)
+    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
+                       incremental: bool = False) -> Generation:
+        return await generate(http, url, payload, timeout, self.api_key, incremental)
 
     async def flush(self, http: aiohttp.ClientSession, url: str, wait: float = 60.0) -> None:
         await flush_cache(http, url, self.api_key, wait)

@@ -12,7 +12,8 @@ Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
 `--fail-first N` (answer the first N /generate requests with HTTP 503), `--server-info-json FILE`
 (answer the settings endpoints with a recorded payload instead of the fake's own), `--info-paths`
 (which of /server_info, /get_server_info exist), `--v1-models` (also answer GET /v1/models, as an
-OpenAI-compatible server does).
+OpenAI-compatible server does), `--incremental` (stream only what is new in each chunk and say so in
+/server_info, as the built-in engine does).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class FakeServer:
             "mamba_radix_cache_strategy": a.mamba_radix_cache_strategy,
             "mamba_track_interval": a.mamba_track_interval, "page_size": a.page_size,
             "disable_radix_cache": a.disable_radix_cache, "inject_fault": a.inject_fault,
-            "tokenizer": "byte", "fake": True,
+            "tokenizer": "byte", "fake": True, "incremental_streaming_output": a.incremental,
         }
 
     def cached_len(self, ids: list[int]) -> int:
@@ -155,12 +156,24 @@ class FakeServer:
                 if self.args.token_delay:
                     await asyncio.sleep(self.args.token_delay)
                 chunk = self.snapshot(rid, ids, out[:i], cached, i == n, n)
+                if self.args.incremental:
+                    chunk = incremental(chunk, i - 1)
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             self.cache.append(ids + out)
             return resp
         finally:
             self.running -= 1
+
+
+def incremental(snapshot: dict, sent: int) -> dict:
+    """The cumulative `snapshot` cut to what is new after `sent` tokens (SGLang's incremental streaming)."""
+    meta = dict(snapshot["meta_info"])
+    for key in ("output_token_logprobs", "output_top_logprobs"):
+        meta[key] = meta[key][sent:]
+    if "spec_trace" in meta and meta["finish_reason"] is None:  # its synthetic steps: all in the last chunk
+        meta["spec_trace"] = []
+    return {"text": snapshot["text"][sent:], "output_ids": snapshot["output_ids"][sent:], "meta_info": meta}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -179,7 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--max-running-requests", type=int, default=16)
     p.add_argument("--inject-fault", default=None)
-    p.add_argument("--api-key", default=None)
+    p.add_argument("--api-key", default=os.environ.get("SPECGATE_API_KEY"))  # how built-in replicas get it
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--rid-log", default=None)
     p.add_argument("--pid-dir", default=None)
@@ -189,6 +202,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server-info-json", default=None)
     p.add_argument("--info-paths", default="/server_info")
     p.add_argument("--v1-models", action="store_true")
+    p.add_argument("--incremental", action="store_true")
     return p.parse_args(argv)
 
 

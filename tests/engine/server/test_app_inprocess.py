@@ -27,6 +27,9 @@ class FakeEngine:
     def healthy(self) -> bool:
         return self.health_error is None
 
+    def health_problem(self) -> str | None:
+        return self.health_error
+
     async def generate_stream(self, req):
         if self.fail is not None:
             raise self.fail
@@ -88,7 +91,10 @@ def test_dead_engine_is_503():
         engine.health_error = "engine loop failed: oops"
         r = await client.get("/health")
         assert r.status == 503 and "oops" in (await r.json())["error"]["message"]
-        assert (await client.get("/metrics")).status == 503
+        r = await client.get("/metrics")  # still answers, so that its health gauge can read 0
+        text = await r.text()
+        assert r.status == 200
+        assert "specgate_engine_healthy 0.0" in text and "specgate_requests_total" not in text
 
     run(engine, scenario)
 

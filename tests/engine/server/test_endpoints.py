@@ -62,25 +62,75 @@ def test_logprob_fields_only_when_asked(server):
     assert meta["output_top_logprobs"] == [[], []]
 
 
-def test_stream_assembles_to_the_plain_answer(server):
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True, "temperature": 0},
-            "return_logprob": True, "top_logprobs_num": 2}
-    plain = server.generate(**body)
+def assemble(chunks: list[dict]) -> dict:
+    """The answer a client rebuilds from incremental chunks: lists and text concatenated, meta from the last."""
+    ans = {"text": "", "output_ids": [], "meta_info": dict(chunks[-1]["meta_info"])}
+    lists = {"output_token_logprobs": [], "output_top_logprobs": [], "spec_trace": []}
+    for c in chunks:
+        ans["text"] += c["text"]
+        ans["output_ids"] += c["output_ids"]
+        for key, acc in lists.items():
+            acc += c["meta_info"].get(key, [])
+    ans["meta_info"].update(lists)
+    return ans
+
+
+def stream(server, body: dict) -> list[dict]:
     r = server.call("POST", "/generate", dict(body, stream=True))
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/event-stream")
     events = r.events()
-    assert events[-1] == "[DONE]" and len(events) >= 3
-    chunks = events[:-1]
+    assert events[-1] == "[DONE]"
+    return events[:-1]
+
+
+def test_stream_is_incremental_and_assembles_to_the_plain_answer(server):
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 12, "ignore_eos": True, "temperature": 0},
+            "return_logprob": True, "top_logprobs_num": 2}
+    plain = server.generate(**body)
+    assert server.call("GET", "/server_info").json()["incremental_streaming_output"] is True
+    chunks = stream(server, body)
+    assert len(chunks) >= 2
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
-    lengths = [len(c["output_ids"]) for c in chunks]
-    assert lengths == sorted(lengths)  # cumulative snapshots
-    last = chunks[-1]
+    sent = 0
+    for c in chunks:  # each chunk: only the new ids and their logprobs; counters cumulative
+        sent += len(c["output_ids"])
+        assert c["meta_info"]["completion_tokens"] == sent
+        assert len(c["meta_info"]["output_token_logprobs"]) == len(c["output_ids"])
+        assert len(c["meta_info"]["output_top_logprobs"]) == len(c["output_ids"])
+    whole = assemble(chunks)
     for key in ("text", "output_ids"):
-        assert last[key] == plain[key]
-    for key in ("finish_reason", "output_token_logprobs", "output_top_logprobs", "spec_trace", "completion_tokens"):
-        assert last["meta_info"][key] == plain["meta_info"][key]
-    for c in chunks:  # every snapshot is a prefix of the final answer
-        assert plain["output_ids"][: len(c["output_ids"])] == c["output_ids"]
+        assert whole[key] == plain[key]
+    for key in ("finish_reason", "output_token_logprobs", "output_top_logprobs", "spec_trace", "completion_tokens",
+                "spec_verify_ct"):
+        assert whole["meta_info"][key] == plain["meta_info"][key], key
+
+
+def test_streamed_text_with_a_stop_string_assembles_to_the_trimmed_text(server):
+    sp = {"max_new_tokens": 10, "ignore_eos": True, "temperature": 0}
+    text = server.generate(text=PROMPT, sampling_params=sp)["text"]
+    stop = next((text[i:i + 2] for i in range(3, len(text) - 1) if "\ufffd" not in text[i:i + 2]), None)
+    if stop is None:
+        pytest.skip("no decodable pair of characters to stop on")
+    body = {"text": PROMPT, "sampling_params": dict(sp, stop=stop)}
+    plain = server.generate(**body)
+    assert plain["meta_info"]["finish_reason"]["type"] == "stop"
+    assert assemble(stream(server, body))["text"] == plain["text"]
+
+
+def test_streamed_size_is_linear_in_tokens(server):
+    """The issue's case: top_logprobs_num 260 made a 400-token stream 789 MB. Now bytes grow with tokens."""
+    def streamed_bytes(n: int) -> int:
+        body = {"input_ids": [40, 41, 42], "stream": True, "return_logprob": True, "top_logprobs_num": 260,
+                "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0}}
+        r = server.call("POST", "/generate", body)
+        assert r.status == 200
+        assert sum(len(e["output_ids"]) for e in r.events()[:-1]) == n
+        return len(r.body)
+
+    small, large = streamed_bytes(100), streamed_bytes(400)
+    print(f"streamed bytes: 100 tokens {small}, 400 tokens {large}, ratio {large / small:.2f} "
+          "(linear 4, quadratic ~16)")
+    assert 3.0 < large / small < 4.5
 
 
 def test_stop_string_trims_text(server):

@@ -105,10 +105,11 @@ def check_error(r) -> None:
     assert isinstance(err["message"], str) and err["message"]
 
 
-def check_generate_answer(ans: dict, final: bool) -> None:
+def check_generate_answer(ans: dict, final: bool, total: int) -> None:
+    """`total`: output ids so far (streamed chunks are incremental, `completion_tokens` cumulative)."""
     assert isinstance(ans["text"], str) and all(isinstance(t, int) for t in ans["output_ids"])
     meta = ans["meta_info"]
-    assert meta["completion_tokens"] == len(ans["output_ids"])
+    assert meta["completion_tokens"] == total
     assert (meta["finish_reason"] is not None) == final
     assert {"id", "prompt_tokens", "cached_tokens", "e2e_latency", "spec_trace"} <= set(meta)
 
@@ -118,15 +119,18 @@ def check_reply(r, stream: bool, check) -> None:
         check_error(r)
         return
     if not stream:
-        check(r.json(), True)
+        ans = r.json()
+        check(ans, True, len(ans.get("output_ids", ())))
         return
     events = r.events()
     assert events[-1] == "[DONE]"
+    total = 0
     for i, e in enumerate(events[:-1]):
-        check(e, i == len(events) - 2)
+        total += len(e.get("output_ids", ()))
+        check(e, i == len(events) - 2, total)
 
 
-def check_completion(ans: dict, final: bool) -> None:
+def check_completion(ans: dict, final: bool, total: int) -> None:
     assert ans["object"] == "text_completion"
     if ans["choices"]:
         (choice,) = ans["choices"]
@@ -168,7 +172,7 @@ def test_healthy_after_fuzz(server):
     assert server.metrics()["specgate_engine_healthy"] == 1
 
 
-def check_chat(ans: dict, final: bool) -> None:
+def check_chat(ans: dict, final: bool, total: int) -> None:
     assert ans["object"] in ("chat.completion", "chat.completion.chunk")
     if ans["choices"]:
         (choice,) = ans["choices"]

@@ -1,0 +1,146 @@
+"""Chaos run: the frozen suite while replicas are SIGKILLed at random, compared with an uninterrupted run.
+
+    python benchmarks/chaos.py --kills 4 --seed 1 [harness flags, default: --model-path random
+        --model-preset tiny --intervals 128 --concurrency 1,4]
+
+Runs `python -m harness.run` twice into one runs directory: `clean`, then `chaos`,
+during which a seeded monkey kills up to `--kills` replica servers (candidate or
+reference, picked at random, at least `--gap` seconds apart, each once its run has
+recorded something). Ray restarts them; the driver re-sends what was in flight.
+Prints the figures and exits 0 when the chaos run's records are complete,
+duplicate-free, error-free and its outputs equal the clean run's (every candidate
+key and every reference input), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ARGS = ["--suite", "frozen", "--model-path", "random", "--model-preset", "tiny", "--intervals", "128",
+                "--concurrency", "1,4"]
+
+
+def replica_servers(run_id: str) -> list[int]:
+    """Pids of the engine.serve processes of run `run_id` (their stdout is a log in /tmp/specgate/RUN_ID/)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ours = f"/specgate/{run_id}/" in os.readlink(d / "fd" / "1")
+            if ours and b"engine.serve" in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return sorted(pids)
+
+
+def records(run_dir: Path) -> list[dict]:
+    out = []
+    for path in sorted((run_dir / "records").glob("*.jsonl")):
+        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+class Monkey(threading.Thread):
+    """Kills up to `kills` replica servers of `run_id`, at random moments at least `gap` seconds apart."""
+
+    def __init__(self, run_id: str, run_dir: Path, kills: int, seed: int, gap: float) -> None:
+        super().__init__(daemon=True)
+        self.run_id, self.run_dir, self.kills, self.gap = run_id, run_dir, kills, gap
+        self.rng = random.Random(seed)
+        self.done = threading.Event()
+        self.killed: list[tuple[float, int]] = []
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        while len(self.killed) < self.kills and not self.done.wait(self.gap * (0.5 + self.rng.random())):
+            if not list((self.run_dir / "records").glob("candidate-*.jsonl")):
+                continue  # nothing recorded yet: replicas may still be starting
+            pids = replica_servers(self.run_id)
+            if not pids:
+                continue
+            pid = self.rng.choice(pids)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.killed.append((round(time.monotonic() - t0, 1), pid))
+
+
+def run_harness(runs_dir: Path, run_id: str, args: list[str], kills: int = 0, seed: int = 0,
+                gap: float = 8.0) -> tuple[int, float, list]:
+    """One `python -m harness.run`; with `kills`, a Monkey runs beside it. Returns (exit, seconds, kills)."""
+    cmd = [sys.executable, "-m", "harness.run", *args, "--runs-dir", str(runs_dir), "--run-id", run_id,
+           "--no-progress"]
+    monkey = Monkey(run_id, runs_dir / run_id, kills, seed, gap) if kills else None
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if monkey:
+        monkey.start()
+    out, _ = proc.communicate()
+    if monkey:
+        monkey.done.set()
+        monkey.join()
+    took = time.monotonic() - t0
+    print(f"--- {run_id}: exit {proc.returncode} in {took:.1f}s\n" + "\n".join(out.splitlines()[-12:]))
+    return proc.returncode, took, monkey.killed if monkey else []
+
+
+def compare(clean_dir: Path, chaos_dir: Path) -> dict:
+    """Figures: record counts, duplicates, errors, retries, cache_lost, and outputs that differ."""
+    clean, chaos = records(clean_dir), records(chaos_dir)
+    keys = Counter(r["key"] for r in chaos)
+    by_key = {r["key"]: r for r in clean}
+    mine = {r["key"]: r for r in chaos}
+    return {
+        "records_clean": len(clean), "records_chaos": len(chaos),
+        "duplicates": sum(n - 1 for n in keys.values() if n > 1),
+        "missing": sorted(set(by_key) - set(mine)), "extra": sorted(set(mine) - set(by_key)),
+        "errors": [r["key"] for r in chaos if r["error"]],
+        "retries": sum(r["retries"] for r in chaos),
+        "cache_lost": dict(Counter(r.get("cache_lost") for r in chaos if r.get("cache_lost"))),
+        "outputs_differ": sorted(k for k in set(by_key) & set(mine)
+                                 if by_key[k]["output_ids"] != mine[k]["output_ids"]),
+        "incidents": len((chaos_dir / "incidents.jsonl").read_text().splitlines())
+        if (chaos_dir / "incidents.jsonl").exists() else 0,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kills", type=int, default=4, help="replica servers to kill at most")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--gap", type=float, default=8.0, help="mean seconds between kills")
+    p.add_argument("--runs-dir", type=Path, default=None, help="default: a temporary directory")
+    args, harness_args = p.parse_known_args()
+    harness_args = harness_args or DEFAULT_ARGS
+    runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="specgate-chaos-"))
+    tag = f"{os.getpid()}"
+    rc_clean, t_clean, _ = run_harness(runs_dir, f"clean-{tag}", harness_args)
+    rc_chaos, t_chaos, killed = run_harness(runs_dir, f"chaos-{tag}", harness_args, args.kills, args.seed, args.gap)
+    figures = compare(runs_dir / f"clean-{tag}", runs_dir / f"chaos-{tag}")
+    print(f"clean: exit {rc_clean} in {t_clean:.1f}s; chaos: exit {rc_chaos} in {t_chaos:.1f}s, "
+          f"{len(killed)} kill(s) at {[t for t, _ in killed]} s")
+    for k, v in figures.items():
+        print(f"  {k}: {v if not isinstance(v, list) or len(v) < 10 else f'{len(v)} ({v[:10]} ...)'}")
+    ok = (rc_clean == rc_chaos == 0 and not figures["duplicates"] and not figures["missing"]
+          and not figures["extra"] and not figures["errors"] and not figures["outputs_differ"])
+    print("OK: complete, duplicate-free, outputs equal the uninterrupted run's" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The SGLang client reads incremental streams (only what is new per chunk) and cumulative ones (SGLang's
+default) to the same answer, and classifies in-band errors: 5xx (an engine that died mid-stream) is the
+replica's failure, to be re-sent; 4xx is the request's own."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import aiohttp
+import pytest
+
+from harness.backends import ReplicaFailure, RequestError
+from harness.backends import sglang as client
+from harness.backends.sglang_probe import server_info
+from tests.harness.helpers import fake_servers
+
+SERVER = ["--speculative-algorithm", "DFLASH", "--speculative-num-draft-tokens", "4", "--mamba-track-interval", "16"]
+
+
+def test_incremental_and_cumulative_streams_read_to_the_same_answer():
+    async def scenario():
+        async with fake_servers(SERVER, [*SERVER, "--incremental"]) as (cumulative, incremental), \
+                aiohttp.ClientSession() as http:
+            answers = []
+            for url in (cumulative, incremental):
+                info = await server_info(http, url)
+                payload = client.generate_payload("r", list(range(40, 70)), 12, stream=True)
+                answers.append(await client.generate(http, url, payload, 30,
+                                                     incremental=info["incremental_streaming_output"]))
+            return answers
+
+    a, b = asyncio.run(scenario())
+    timing = {"ttft": None, "itl": None, "e2e": 0.0}
+    assert dataclasses.replace(a, **timing) == dataclasses.replace(b, **timing)
+    assert len(b.output_ids) == 12 and len(b.output_top_logprobs) == 12 and b.spec_trace and b.ttft is not None
+
+
+def test_incremental_chunks_that_disagree_with_the_server_count_are_refused():
+    async def scenario():
+        async with fake_servers(SERVER) as (cumulative,), aiohttp.ClientSession() as http:
+            payload = client.generate_payload("r", list(range(40, 70)), 6, stream=True)
+            await client.generate(http, cumulative, payload, 30, incremental=True)  # it is not incremental
+
+    with pytest.raises(RequestError, match="is the server really streaming incrementally"):
+        asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("chunk,kind", [
+    ({"error": {"message": "engine: engine loop failed", "code": 503}}, ReplicaFailure),
+    ({"error": {"message": "engine died"}}, ReplicaFailure),
+    ({"error": "something broke"}, ReplicaFailure),
+    ({"error": {"message": "input_ids: bad", "code": 400}}, RequestError),
+])
+def test_in_band_errors_are_classified_by_their_code(chunk, kind):
+    assert isinstance(client.stream_error(chunk), kind)
+
+
+def test_a_normal_chunk_is_no_error():
+    assert client.stream_error({"text": "error", "output_ids": [1], "meta_info": {}}) is None
