@@ -14,13 +14,13 @@ def frame(exact=0, soft=0, hard=0, error=0) -> pd.DataFrame:
 def test_clean_run_passes():
     v = evaluate(frame(exact=10))
     assert (v.passed, v.exit_code, v.reasons) == (True, 0, [])
-    assert v.headline == "PASS: 0 hard mismatches (0/10 requests), 0 errors, 0 soft (0.0%)"
+    assert v.headline == "PASS: 0 hard mismatches, 0 drift (0/10 requests), 0 errors, 0 soft (0.0%)"
 
 
 def test_any_hard_mismatch_fails_by_default():
     v = evaluate(frame(exact=86, soft=2, hard=24))
     assert (v.passed, v.exit_code) == (False, 1)
-    assert v.headline == "FAIL: 24 hard mismatches (24/112 requests), 0 errors, 2 soft (1.8%)"
+    assert v.headline == "FAIL: 24 hard mismatches, 0 drift (24/112 requests), 0 errors, 2 soft (1.8%)"
     assert v.reasons == ["24 hard mismatches > allowed 0"]
     assert (v.requests, v.exact, v.soft, v.hard, v.errors) == (112, 86, 2, 24, 0)
 
@@ -44,7 +44,7 @@ def test_soft_rate_exactly_at_the_limit_passes_and_above_fails():
 def test_errors_fail_unless_allowed():
     v = evaluate(frame(exact=5, error=1))
     assert (v.passed, v.exit_code, v.reasons) == (False, 1, ["1 request errors > allowed 0"])
-    assert v.headline == "FAIL: 0 hard mismatches (0/6 requests), 1 error, 0 soft (0.0%)"
+    assert v.headline == "FAIL: 0 hard mismatches, 0 drift (0/6 requests), 1 error, 0 soft (0.0%)"
     assert evaluate(frame(exact=5, error=1), GateThresholds(max_errors=1)).passed
 
 

@@ -36,7 +36,7 @@ def test_cli_fails_the_gate_with_exit_1(fault_run):
     run_dir, proc = fault_run
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "FAIL: 4 hard mismatches (4/33 requests), 1 error, 4 soft (12.1%)"
+    assert lines[0] == "FAIL: 4 hard mismatches, 0 drift (4/33 requests), 1 error, 4 soft (12.1%)"
     assert lines[-1] == f"report: {run_dir / 'report.html'}"
     for name in ("requests.csv", "boundaries.csv", "configs.csv", "report.html", "summary.md", "junit.xml"):
         assert (run_dir / name).is_file(), name
@@ -47,7 +47,7 @@ def test_cli_passes_with_exit_0_and_threshold_flags(tmp_path):
     run_dir = synthetic_run(tmp_path / "clean", fault=False, intervals=(256,), concurrencies=(1,), soft_sessions=1)
     proc = render_cli(run_dir, "--max-soft-rate", "0.2")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0] == "PASS: 0 hard mismatches (0/8 requests), 0 errors, 1 soft (12.5%)"
+    assert proc.stdout.splitlines()[0] == "PASS: 0 hard mismatches, 0 drift (0/8 requests), 0 errors, 1 soft (12.5%)"
 
 
 def test_cli_exits_2_without_records(tmp_path):
@@ -107,8 +107,8 @@ def test_html_is_self_contained_verdict_first_and_escaped(fault_run):
 def test_summary_has_the_verdict(fault_run):
     run_dir, _ = fault_run
     text = (run_dir / "summary.md").read_text()
-    assert text.splitlines()[2] == "**FAIL: 4 hard mismatches (4/33 requests), 1 error, 4 soft (12.1%)**"
-    assert "of which hard: 4" in text
+    assert text.splitlines()[2] == "**FAIL: 4 hard mismatches, 0 drift (4/33 requests), 1 error, 4 soft (12.1%)**"
+    assert "of which flagged (hard or drift): 4" in text
 
 
 def test_plots_render_with_zero_mismatches_and_no_spec_data(tmp_path):
