@@ -40,7 +40,9 @@ def load_sessions(cfg: RunConfig) -> list:
     from workloads import load_suite
 
     kwargs = {"num_requests": cfg.num_requests} if cfg.num_requests else {}
-    return list(load_suite(cfg.suite, **kwargs))
+    if cfg.cover:
+        kwargs = {"intervals": cfg.intervals, "block_size": cfg.block_size}
+    return list(load_suite(cfg.workload, **kwargs))
 
 
 async def fetch_infos(urls: tuple[str, ...], api_key: str | None, generate_probe: bool) -> dict[str, dict]:
@@ -154,7 +156,7 @@ def resolve(argv: list[str] | None) -> tuple[RunConfig, list]:
     try:
         sessions = load_sessions(cfg)
     except (WorkloadError, OSError) as e:
-        raise ConfigError(f"--suite {cfg.suite}: {e}") from None
+        raise ConfigError(f"{'--cover' if cfg.cover else '--suite ' + cfg.suite}: {e}") from None
     return cfg, sessions
 
 

@@ -198,3 +198,14 @@ async def probe(session: aiohttp.ClientSession, url: str, api_key: str | None = 
             f"endpoint {url}: meta_info.output_top_logprobs has {min(widths) if widths else 0} entries "
             f"per token; specgate needs >= {TOP_K} (top_logprobs_num: {TOP_K}) for the margin test")
     return info
+
+
+async def metrics(session: aiohttp.ClientSession, url: str, api_key: str | None = None,
+                  timeout: float = 10.0) -> str | None:
+    """GET /metrics as Prometheus text; None when the server does not answer it (not exposed, down)."""
+    try:
+        async with session.get(f"{url}/metrics", headers=_headers(api_key),
+                               timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            return await resp.text() if resp.status == 200 else None
+    except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+        return None
