@@ -9,7 +9,8 @@ of requests that hit the cache, which is what the harness must detect.
 Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
 (append every received rid), `--pid-dir DIR` (write `<role>-i<interval>-<port>.pid`),
 `--top-k-max K` (cap on top logprobs, to fail the capability probe), `--no-spec-trace`,
-`--fail-first N` (answer the first N /generate requests with HTTP 503).
+`--fail-first N` (answer the first N /generate requests with HTTP 503), `--metrics` (serve GET /metrics
+with a `specgate_cached_tokens_total` counter only: the eviction counters stay unexposed).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class FakeServer:
         self.running = 0
         self.failures_left = args.fail_first
         self.spec = args.speculative_algorithm == "DFLASH"
+        self.cached_total = 0
 
     def info(self) -> dict:
         a = self.args
@@ -111,6 +113,13 @@ class FakeServer:
             return web.json_response({"error": "unauthorized"}, status=401)
         return web.json_response(self.info())
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.args.metrics:
+            return web.Response(status=404, text="not found")
+        return web.Response(text="# HELP specgate_cached_tokens_total Prompt tokens served from the radix cache.\n"
+                                 "# TYPE specgate_cached_tokens_total counter\n"
+                                 f"specgate_cached_tokens_total {float(self.cached_total)}\n")
+
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.running:
             return web.Response(status=400, text="requests are running")
@@ -133,6 +142,7 @@ class FakeServer:
             return web.json_response({"error": "injected failure"}, status=503)
         n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
         cached = self.cached_len(ids)
+        self.cached_total += cached
         out = fake_tokens(ids, n, fault=bool(self.args.inject_fault) and cached > 0)
         self.running += 1
         try:
@@ -178,6 +188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k-max", type=int, default=2)
     p.add_argument("--no-spec-trace", action="store_true")
     p.add_argument("--fail-first", type=int, default=0)
+    p.add_argument("--metrics", action="store_true")
     return p.parse_args(argv)
 
 
@@ -188,6 +199,7 @@ def make_app(args: argparse.Namespace) -> web.Application:
     app.router.add_get("/server_info", server.server_info)
     app.router.add_post("/flush_cache", server.flush_cache)
     app.router.add_post("/generate", server.generate)
+    app.router.add_get("/metrics", server.metrics)
     return app
 
 
