@@ -6,9 +6,10 @@ the same tokens), so the log-probs are compared too, over the common prefix:
 * `exact`: same tokens, log-prob drift within the tolerance;
 * `drift`: same tokens, drift beyond the tolerance: a silent state divergence;
 * `soft`: tokens differ, the reference's top-1/top-2 margin at the first divergence is
-  strictly below the threshold and there was no drift before it: a numerics flip;
-* `hard`: tokens differ otherwise (a margin at or above the threshold, drift before
-  the flip, a missing top-2, one output a strict prefix of the other);
+  strictly below the threshold and there was no drift before it (nor at it, among the
+  top-k entries both sides returned there): a numerics flip;
+* `hard`: tokens differ otherwise (a margin at or above the threshold, drift before or
+  at the flip, a missing top-2, one output a strict prefix of the other);
 * `error`: the request, or its reference, failed or is missing.
 
 Without log-probs on both sides the drift cannot be measured: the margin rule alone
@@ -109,22 +110,20 @@ def position_drift(cand_lp, ref_lp, cand_top: Sequence | None, ref_top: Sequence
     return max(diffs) if diffs else None
 
 
-def logprob_drift(cand: dict, ref: dict, upto: int, tolerance: float = DRIFT_TOLERANCE) -> Drift:
-    """Drift over output positions [0, upto): value None unless both records carry log-probs there."""
+def logprob_drift(cand: dict, ref: dict, upto: int, tolerance: float = DRIFT_TOLERANCE,
+                  flip: int | None = None) -> Drift:
+    """Drift over output positions [0, upto), and at the `flip` position (the first divergent token) over the
+    top-k entries both returned there; value None unless both records carry log-probs."""
     c_lp, r_lp = cand.get("output_logprobs") or [], ref.get("output_logprobs") or []
     c_top, r_top = cand.get("output_top_logprobs") or [], ref.get("output_top_logprobs") or []
-    if not ((c_lp or c_top) and (r_lp or r_top)) and upto > 0:
+    if not ((c_lp or c_top) and (r_lp or r_top)) and (upto > 0 or flip is not None):
         return Drift(None, None, 0)  # a side without log-probs (an engine that does not return them)
-    worst, onset, compared = 0.0, None, 0
-    for i in range(upto):
-        d = position_drift(_at(c_lp, i), _at(r_lp, i), _at(c_top, i), _at(r_top, i))
-        if d is None:
-            continue
-        compared += 1
-        worst = max(worst, d)
-        if onset is None and d > tolerance:
-            onset = i
-    return Drift(worst, onset, compared)
+    diffs = [(i, position_drift(_at(c_lp, i), _at(r_lp, i), _at(c_top, i), _at(r_top, i))) for i in range(upto)]
+    if flip is not None:  # the tokens differ there: only the distribution they were drawn from can be compared
+        diffs.append((flip, position_drift(None, None, _at(c_top, flip), _at(r_top, flip))))
+    measured = [(i, d) for i, d in diffs if d is not None]
+    onset = next((i for i, d in measured if d > tolerance), None)
+    return Drift(max((d for _, d in measured), default=0.0), onset, len(measured))
 
 
 def _at(seq: Sequence | None, i: int):
@@ -146,7 +145,8 @@ def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD,
     c_out = list(cand.get("output_ids") or [])
     r_out = list(ref.get("output_ids") or [])
     p = first_divergence(c_out, r_out)
-    drift = logprob_drift(cand, ref, len(c_out) if p is None else p, tolerance)
+    flip = p if p is not None and p < min(len(c_out), len(r_out)) else None
+    drift = logprob_drift(cand, ref, len(c_out) if p is None else p, tolerance, flip)
     unmeasured = "" if drift.measured else f" ({NO_LOGPROBS})"
     if p is None:
         if drift.onset is not None:
@@ -164,9 +164,10 @@ def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD,
         return Classification("hard", f"length: candidate {len(c_out)} vs reference {len(r_out)} tokens",
                               **fields)
     if drift.onset is not None:
-        # The state had already left the reference's before the flip: whatever the margin, not numerics.
-        return Classification("hard", f"log-prob drift {drift.value:.3g} from output {drift.onset} before the "
-                                      f"flip at {p}", **fields)
+        # The state had already left the reference's before (or at) the flip: whatever the margin, not numerics.
+        where = f"before the flip at {p}" if drift.onset < p else "at the flip"
+        return Classification("hard", f"log-prob drift {drift.value:.3g} from output {drift.onset} {where}",
+                              **fields)
     if margin is None:
         return Classification("hard", "reference top-2 log-probs missing at divergence" + unmeasured, **fields)
     if margin < threshold:

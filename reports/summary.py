@@ -34,7 +34,7 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     lines += ["", f"Gate: hard <= {t.max_hard}, drift <= {t.max_drift}, errors <= {t.max_errors}, soft <= "
               f"{100 * t.max_soft_rate:.1f}% of requests; drift = same tokens, log-prob drift > "
               f"{t.drift_tolerance:g}; soft = reference top-1/top-2 margin < {t.margin_threshold:g}, no drift "
-              "before it.", ""]
+              "before or at it.", ""]
     lines += ["| requests | exact | drift | soft | hard | errors |", "|---|---|---|---|---|---|",
               f"| {verdict.requests} | {verdict.exact} | {verdict.drift} | {verdict.soft} | {verdict.hard} | "
               f"{verdict.errors} |", ""]

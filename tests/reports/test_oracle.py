@@ -77,19 +77,41 @@ def test_same_tokens_beyond_tolerance_is_drift():
     assert classify(drifted(candidate(p, OUT), {0: 0.05}), reference(p, OUT), tolerance=0.1).cls == "exact"
 
 
+def flipped(cand: dict, p: int, top: list) -> dict:
+    """`cand` whose token at output p is top[0]'s, with that top-k there."""
+    cand["output_ids"][p] = top[0][1]
+    cand["output_logprobs"][p] = top[0][0]
+    cand["output_top_logprobs"][p] = top
+    return cand
+
+
 def test_a_low_margin_flip_after_drift_is_hard():
     p = prompt(40)
-    cand_out = OUT[:5] + [120] + OUT[6:]
-    cand = drifted(candidate(p, cand_out), {1: 0.04})
-    c = classify(cand, reference(p, OUT, margins={5: 0.125}))
-    assert (c.cls, c.first_divergence, c.drift.onset, c.ref_margin) == ("hard", 5, 1, 0.125)
+    cand = drifted(candidate(p, list(OUT)), {1: 0.04})
+    cand = flipped(cand, 5, [[-0.2502, 32], [-0.2503, 70]])  # a numerics-sized swap at the flip itself
+    c = classify(cand, reference(p, OUT, margins={5: 4e-4}))
+    assert (c.cls, c.first_divergence, c.drift.onset, c.ref_margin) == ("hard", 5, 1, pytest.approx(4e-4))
     assert c.detail == "log-prob drift 0.04 from output 1 before the flip at 5"
 
 
 def test_a_low_margin_flip_without_drift_is_soft():
     p = prompt(40)
-    c = classify(drifted(candidate(p, OUT[:5] + [120] + OUT[6:]), {6: 3.0}), reference(p, OUT, margins={5: 0.125}))
-    assert (c.cls, c.detail) == ("soft", "margin 0.125 < 0.5")  # drift after the flip is not looked at
+    # reference at 5: token 70 at -0.25, runner-up 32 at -0.2504; the candidate swapped them by numerics
+    cand = flipped(drifted(candidate(p, list(OUT)), {6: 3.0}), 5, [[-0.2502, 32], [-0.2503, 70]])
+    c = classify(cand, reference(p, OUT, margins={5: 4e-4}))
+    assert (c.cls, c.detail) == ("soft", "margin 0.0004 < 0.5")  # drift after the flip is not looked at
+    assert (c.drift.value, c.drift.onset, c.drift.compared) == (pytest.approx(3e-4), None, 6)
+
+
+def test_a_flip_whose_distribution_moved_is_hard_even_at_output_zero():
+    """A stale state that flips the very first token: no prefix to drift over, but the top-k entries both sides
+    returned at the flip moved far more than numerics can, whatever the reference's margin."""
+    p = prompt(40)
+    cand = flipped(candidate(p, list(OUT)), 0, [[-0.1, 32], [-0.6, 65]])
+    c = classify(cand, reference(p, OUT, margins={0: 0.3}))
+    assert (c.cls, c.first_divergence, c.drift.onset, c.ref_margin) == ("hard", 0, 0, pytest.approx(0.3))
+    assert c.detail == "log-prob drift 0.45 from output 0 at the flip"
+    assert c.drift.value == pytest.approx(0.45) and c.drift.compared == 1
 
 
 def test_without_candidate_logprobs_the_margin_rule_decides_and_says_so():
