@@ -30,8 +30,8 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     lines = [f"# specgate {config.get('run_id', '')}: **{word}**", "", f"**{verdict.headline}**", ""]
     lines += [f"- {r}" for r in verdict.reasons] or ["- all gate checks passed"]
     lines += ["", f"**Diagnosis:** {results.diagnosis.headline}", ""]
-    lines += [f"- {e}" for e in results.diagnosis.evidence]
-    lines += ["", f"Gate: hard <= {t.max_hard}, drift <= {t.max_drift}, errors <= {t.max_errors}, soft <= "
+    lines += [f"- {e}" for e in results.diagnosis.evidence] + ([""] if results.diagnosis.evidence else [])
+    lines += [f"Gate: hard <= {t.max_hard}, drift <= {t.max_drift}, errors <= {t.max_errors}, soft <= "
               f"{100 * t.max_soft_rate:.1f}% of requests; drift = same tokens, log-prob drift > "
               f"{t.drift_tolerance:g}; soft = reference top-1/top-2 margin < {t.margin_threshold:g}, no drift "
               "before or at it.", ""]
