@@ -169,6 +169,9 @@ def test_resume_sends_nothing_twice_and_rebuilds_from_recorded_output(tmp_path):
     assert not set(sent_keys) & ({r["key"] for r in kept} | {json.loads(ref_lines[0])["key"]})
     turn1 = next(r for r in recs if r["key"] == kept[0]["key"][:-1] + "1")
     assert turn1["input_ids"] == kept[0]["input_ids"] + [65, 66, 67] + list(SUFFIX)
+    # the cache counters of a resumed sweep point cover only what this process sent, and say so
+    partial = {s["concurrency"]: s["partial"] for s in load_run(part).stats}
+    assert partial == {kept[0]["concurrency"]: True, 3 - kept[0]["concurrency"]: False}
 
 
 def test_api_key_is_sent(tmp_path):
