@@ -9,7 +9,8 @@ the same tokens), so the log-probs are compared too, over the common prefix:
   strictly below the threshold and there was no drift before it (nor at it, among the
   top-k entries both sides returned there): a numerics flip;
 * `hard`: tokens differ otherwise (a margin at or above the threshold, drift before or
-  at the flip, a missing top-2, one output a strict prefix of the other);
+  at the flip, top-k lists at the flip that share no token, a missing top-2, one
+  output a strict prefix of the other);
 * `error`: the request, or its reference, failed or is missing.
 
 Without log-probs on both sides the drift cannot be measured: the margin rule alone
@@ -130,6 +131,12 @@ def _at(seq: Sequence | None, i: int):
     return seq[i] if seq is not None and 0 <= i < len(seq) else None
 
 
+def _disjoint(cand_top: Sequence | None, ref_top: Sequence | None) -> bool:
+    """True when both sides returned a top-2 or more at a position and no token is in both."""
+    c, r = _sorted_top(cand_top), _sorted_top(ref_top)
+    return len(c) >= 2 and len(r) >= 2 and not {t for _, t in c} & {t for _, t in r}
+
+
 NO_LOGPROBS = "no log-probs on both sides: margin rule only"
 
 
@@ -168,6 +175,9 @@ def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD,
         where = f"before the flip at {p}" if drift.onset < p else "at the flip"
         return Classification("hard", f"log-prob drift {drift.value:.3g} from output {drift.onset} {where}",
                               **fields)
+    if _disjoint(_at(cand.get("output_top_logprobs"), p), ref_top):
+        # A numerics flip swaps near-tied tokens, so both top-k lists hold both; disjoint ones are not numerics.
+        return Classification("hard", f"the top-k at the flip (output {p}) share no token", **fields)
     if margin is None:
         return Classification("hard", "reference top-2 log-probs missing at divergence" + unmeasured, **fields)
     if margin < threshold:

@@ -82,14 +82,14 @@ def pair(input_ids: list[int], cand_out: list[int], ref_out: list[int] | None = 
          margins: dict[int, float] | None = None, **cand_kwargs) -> list[dict]:
     """A candidate and its reference (ref_out defaults to the candidate's output: exact).
 
-    Where the tokens differ, the candidate's top-k shares no token with the reference's (unless its token is
-    the reference's runner-up), so no drift is measured at the flip and the margin decides.
+    Where the tokens differ, the candidate's top-2 is its token and the reference's, the latter at the
+    reference's own log-prob: no drift at the flip, so the reference's margin decides (a numerics flip).
     """
     ref_out = cand_out if ref_out is None else ref_out
     cand = candidate(input_ids, cand_out, **cand_kwargs)
     for p, (a, b) in enumerate(zip(cand_out, ref_out, strict=False)):
         if a != b and a != 32:
-            cand["output_top_logprobs"][p] = [[-0.25, a], [-5.25, 34 if a != 34 else 35]]
+            cand["output_top_logprobs"][p] = [[-0.25, a], [-0.25, b]]
     return [cand, reference(input_ids, ref_out, margins=margins)]
 
 

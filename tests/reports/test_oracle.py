@@ -168,3 +168,11 @@ def test_tolerance_is_an_analyze_parameter():
     records = [drifted(candidate(p, OUT), {2: 0.01}), reference(p, OUT)]
     assert one(records)["class"] == "drift"
     assert one(records, tolerance=0.05)["class"] == "exact"
+
+
+def test_a_flip_whose_top_k_lists_share_no_token_is_hard():
+    """A numerics flip swaps near-tied tokens, so both sides' top-2 hold both; disjoint lists are not numerics."""
+    p = prompt(40)
+    cand = flipped(candidate(p, list(OUT)), 0, [[-0.2, 90], [-0.9, 91]])
+    c = classify(cand, reference(p, OUT, margins={0: 0.288}))
+    assert (c.cls, c.detail, c.drift.compared) == ("hard", "the top-k at the flip (output 0) share no token", 0)
