@@ -3,8 +3,9 @@
 Clean engine: exit 0, nothing flagged. `stale-seq-lens` (#37817): exit 1, and the flagged
 requests (drift or hard) are exactly the turns that restored a checkpoint their session's
 previous turn crossed inside a verify step. One interval and one concurrency level keep it
-CI-sized; the `small` preset is used because its linear state is long-lived enough for a stale
-checkpoint to change tokens (see tests/engine/test_faults.py).
+CI-sized. The trained default model is used: its noise floor (drift of requests that restored
+nothing, ~2e-5) sits far below the 1e-3 tolerance, where random weights' flat distributions come
+within 3x of it (4e-4 measured), which would make a clean run's verdict depend on batching luck.
 """
 
 import subprocess
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def _run(tmp_path, *extra):
     cmd = [sys.executable, "-m", "harness.run", "--suite", "frozen", "--intervals", "128", "--concurrency", "4",
-           "--model-path", "random", "--model-preset", "small", "--runs-dir", str(tmp_path), "--no-progress",
+           "--runs-dir", str(tmp_path), "--no-progress",
            "--num-cpus", "4", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
@@ -34,7 +35,7 @@ def test_clean_engine_passes_the_gate(tmp_path):
     df = pd.read_csv(run_dir / "requests.csv")
     assert len(df) == 68
     assert set(df["class"]) <= {"exact", "soft"}  # no drift, no hard mismatch, no error
-    assert df["drift"].max() < 1e-3 and (df["oracle"] == "logprob").all()
+    assert df["drift"].max() < 1e-4 and (df["oracle"] == "logprob").all()  # the floor, 10x below the tolerance
     configs = pd.read_csv(run_dir / "configs.csv")
     assert int(configs.loc[0, "cache_hit_tokens"]) == int(df["cached_tokens"].sum()) > 0  # from /metrics
     for name in ("boundaries.csv", "configs.csv", "coverage.csv", "report.html", "summary.md", "junit.xml"):
