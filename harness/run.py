@@ -42,6 +42,8 @@ def load_sessions(cfg: RunConfig) -> list:
     kwargs = {"num_requests": cfg.num_requests} if cfg.num_requests else {}
     if cfg.cover:
         kwargs = {"intervals": cfg.intervals, "block_size": cfg.block_size}
+    elif cfg.suite == "load" and not cfg.external:  # every generated request targets a pool of this run
+        kwargs["intervals"] = cfg.intervals
     return list(load_suite(cfg.workload, **kwargs))
 
 

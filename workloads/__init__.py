@@ -37,7 +37,7 @@ def load_suite(name_or_path: str | Path, *, seed: int = 0, num_requests: int = 1
                intervals: tuple[int, ...] = DEFAULT_INTERVALS, block_size: int = DEFAULT_BLOCK_SIZE) -> list[Session]:
     """Sessions of a built-in suite ("frozen", "load", "cover") or of a user JSONL file (validated).
 
-    `seed` and `num_requests` apply to "load" only; `intervals` and `block_size` to "cover" only.
+    `seed` and `num_requests` apply to "load" only, `intervals` to "load" and "cover", `block_size` to "cover".
     """
     # Imported here, not at the top: `python -m workloads.frozen` would otherwise run a module
     # that importing the package had already loaded (runpy warns about it).
@@ -52,7 +52,7 @@ def load_suite(name_or_path: str | Path, *, seed: int = 0, num_requests: int = 1
     if name_or_path == "load":
         from workloads.load import generate_load
 
-        return generate_load(num_requests=num_requests, seed=seed)
+        return generate_load(num_requests=num_requests, seed=seed, intervals=tuple(intervals))
     path = Path(name_or_path)
     if not path.is_file():
         raise WorkloadError(f"unknown suite {str(name_or_path)!r}: not one of {', '.join(BUILTIN_SUITES)} "

@@ -115,3 +115,9 @@ def test_dry_run_shows_the_candidate_args(capsys):
            "--max-state-slots 12" in out
     assert "pool i128-cache: 1 replica(s), tp 1, no speculation, radix extra_buffer, interval 128" in out
     assert out.count("--max-state-slots 12") == 6  # three pools: description and server line each
+
+
+def test_the_load_suite_targets_the_runs_intervals(capsys):
+    assert main(["--dry-run", "--suite", "load", "--num-requests", "64", "--intervals", "256"]) == 0
+    out = capsys.readouterr().out
+    assert "requests per sweep point" in out and "pool i256" in out and "total: 256 candidate requests" in out
