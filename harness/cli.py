@@ -66,8 +66,16 @@ def _cmd(value):
     return tuple(items)
 
 
+def _args(value):
+    items = shlex.split(value) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+        raise TypeError("expected flags (a string or a list of strings)")
+    return tuple(items)
+
+
 CHOICES = {"placement": PLACEMENTS, "backend": BACKENDS}
-CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "strs": _strs, "cmd": _cmd}
+CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "strs": _strs, "cmd": _cmd,
+              "args": _args}
 
 
 def convert(name: str, value: object, source: str) -> object:
@@ -101,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         elif name in CHOICES:
             p.add_argument(flag(name), choices=CHOICES[name], help=help_text)
         else:
-            p.add_argument(flag(name), metavar=kind.upper() if kind != "cmd" else "'CMD ARGS'", help=help_text)
+            metavar = {"cmd": "'CMD ARGS'", "args": "'--FLAG VALUE ...'"}.get(kind, kind.upper())
+            p.add_argument(flag(name), metavar=metavar, help=help_text)
     return p
 
 

@@ -12,14 +12,17 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from reports.gate import GateThresholds
+from harness.engine_args import COVER_ARGS, EngineArgsError, engine_overrides
+from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
-KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd")  # ints: comma list; strs: repeatable; cmd: argv
+# ints: comma list; strs: repeatable; cmd: a command line (argv); args: flags (argv, may be empty)
+KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
 
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "intervals", "concurrency", "block_size", "model_path",
-                "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer")
+                "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer",
+                "candidate_args", "diagnose", "cover")
 # Settings a resume never takes from the run directory (a file anyone with write access to it could have
 # edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
 NOT_FROM_RUN_DIR = ("server_command", "address")
@@ -52,6 +55,12 @@ class RunConfig:
     model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)")
     inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
                                        "the reference stays the clean oracle")
+    candidate_args: tuple[str, ...] = setting((), "args", "engine.serve flags for the candidate replicas only, "
+                                              "e.g. '--max-state-slots 12' to evict checkpoints under pressure")
+    diagnose: bool = setting(False, "bool", "differential diagnosis: add a speculation-only (radix off) and a "
+                             "cache-only (no speculation) pool per interval beside the full candidate")
+    cover: bool = setting(False, "bool", "built-in engine: run the cover suite with the scripted drafter, so "
+                          "every (verify step, commit length) boundary cell is crossed and restored per interval")
     page_size: int | None = setting(None, "int", "KV page size of the replicas (engine default if unset)")
     address: str | None = setting(None, "str", "Ray cluster address (else RAY_ADDRESS, else auto on a `ray up` "
                                   "node, else a local Ray)")
@@ -92,6 +101,11 @@ class RunConfig:
     max_soft_rate: float = setting(GATE.max_soft_rate, "float", "gate: largest allowed fraction of soft flips")
     max_hard: int = setting(GATE.max_hard, "int", "gate: largest allowed number of hard mismatches")
     max_errors: int = setting(GATE.max_errors, "int", "gate: largest allowed number of failed requests")
+    max_drift: int = setting(GATE.max_drift, "int", "gate: largest allowed number of requests with log-prob drift "
+                             "(same tokens, log-probs off by more than the tolerance)")
+    drift_tolerance: float | None = setting(
+        None, "float", f"gate: largest |candidate - reference| log-prob that counts as numerics (default "
+        f"{GATE.drift_tolerance:g} for built-in replicas, {EXTERNAL_DRIFT_TOLERANCE:g} for --endpoint engines)")
     dry_run: bool = setting(False, "bool", "print the plan (with each pool's server command) and exit")
     trust_run_config: bool = setting(False, "bool", "with --resume: run the --server-command and join the "
                                      "--address stored in RUN_DIR/config.json (shown first); without it a resume "
@@ -108,9 +122,23 @@ class RunConfig:
 
     @property
     def gate(self) -> GateThresholds:
-        """The gate's thresholds for this run."""
+        """The gate's thresholds for this run (the drift tolerance resolved per target)."""
+        tolerance = self.drift_tolerance
+        if tolerance is None:
+            tolerance = EXTERNAL_DRIFT_TOLERANCE if self.external else GATE.drift_tolerance
         return GateThresholds(max_hard=self.max_hard, max_errors=self.max_errors, max_soft_rate=self.max_soft_rate,
-                              margin_threshold=self.margin_threshold)
+                              margin_threshold=self.margin_threshold, max_drift=self.max_drift,
+                              drift_tolerance=tolerance)
+
+    @property
+    def workload(self) -> str:
+        """The suite the run drives: `cover` under --cover, else --suite."""
+        return "cover" if self.cover else self.suite
+
+    @property
+    def candidate_engine_args(self) -> tuple[str, ...]:
+        """Engine flags of the candidate replicas: --cover's scripted drafter, then --candidate-args."""
+        return (COVER_ARGS if self.cover else ()) + self.candidate_args
 
     def to_json(self) -> dict:
         """The config as JSON-ready values, the API key redacted."""
@@ -143,7 +171,7 @@ def validate(c: RunConfig) -> None:
         need(len(set(vals)) == len(vals), f"{flag(name)} has repeated values: {list(vals)}")
     for name in ("replicas", "reference_replicas", "tp_size", "block_size", "reference_concurrency"):
         need(getattr(c, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(c, name)}")
-    for name in ("max_retries", "max_hard", "max_errors", "max_replica_restarts"):
+    for name in ("max_retries", "max_hard", "max_errors", "max_replica_restarts", "max_drift"):
         need(getattr(c, name) >= 0, f"{flag(name)} must be >= 0, got {getattr(c, name)}")
     need(c.num_cpus is None or c.num_cpus >= 1, f"--num-cpus must be >= 1, got {c.num_cpus}")
     need(c.request_timeout > 0 and c.startup_timeout > 0 and c.recover_timeout > 0,
@@ -151,6 +179,8 @@ def validate(c: RunConfig) -> None:
     need(not c.trust_run_config or c.resume is not None, "--trust-run-config applies to --resume only")
     need(c.margin_threshold >= 0, f"--margin-threshold must be >= 0, got {c.margin_threshold}")
     need(0 <= c.max_soft_rate <= 1, f"--max-soft-rate must be in [0, 1], got {c.max_soft_rate}")
+    need(c.drift_tolerance is None or c.drift_tolerance >= 0,
+         f"--drift-tolerance must be >= 0, got {c.drift_tolerance}")
     need(c.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}")
     if not c.external:
         for i in c.intervals:
@@ -176,6 +206,7 @@ def validate(c: RunConfig) -> None:
     need(not c.endpoint or c.reference_endpoint,
          "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
          "the same model, served without speculation and without radix cache")
+    _validate_candidates(c)
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
 
@@ -193,6 +224,32 @@ def validate_backend(c: RunConfig, need) -> None:
          f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
 
 
+def _validate_candidates(c: RunConfig) -> None:
+    """--candidate-args, --diagnose and --cover: built-in replicas only, and flags the engine accepts."""
+    for name in ("candidate_args", "diagnose", "cover"):
+        if getattr(c, name) and c.external:
+            raise ConfigError(f"{flag(name)} configures built-in replicas; it does not apply to --endpoint servers")
+    if c.cover and c.suite != "frozen":
+        raise ConfigError(f"--cover runs its own suite (cover); drop --suite {c.suite}")
+    try:
+        overrides = engine_overrides(c.candidate_args)
+    except EngineArgsError as e:
+        raise ConfigError(f"--candidate-args: {e}") from None
+    if c.cover and {"drafter_mode", "scripted_accept"} & set(overrides):
+        raise ConfigError("--candidate-args: --cover sets --drafter-mode scripted --scripted-accept -1 itself")
+    # The engine needs a working and two tracking slots per running request: fewer can never admit one.
+    if 0 < overrides.get("max_state_slots", 0) < 3:
+        raise ConfigError(f"--candidate-args: --max-state-slots {overrides['max_state_slots']} cannot hold one "
+                          "request (a working and two tracking slots); use >= 3 (or 0 for the default)")
+    if (overrides or c.cover) and not c.external:
+        from harness.plan import check_candidate_engines  # the plan builds the pools' EngineConfigs
+
+        try:
+            check_candidate_engines(c)
+        except EngineArgsError as e:
+            raise ConfigError(f"--candidate-args: {e}") from None
+
+
 def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path) -> RunConfig:
     """The config of a resumed run: the saved one, with only runtime settings taken from `given`.
 
@@ -203,7 +260,7 @@ def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path)
     known = {f.name for f in fields(RunConfig)}
     base = {k: v for k, v in saved.items() if k in known}
     for k, v in base.items():
-        if v is not None and kind_of(k) in ("ints", "strs", "cmd"):
+        if v is not None and kind_of(k) in ("ints", "strs", "cmd", "args"):
             base[k] = tuple(v)
     stored_cmd = base.get("server_command")
     if stored_cmd is not None and not all(isinstance(x, str) for x in stored_cmd):

@@ -17,12 +17,13 @@ from functools import partial
 
 import aiohttp
 
+from harness import cache_stats
 from harness.backends import ReplicaFailure, RequestError
 from harness.pools import HarnessError, Pool, Replica
 from harness.progress import Progress
 from records.jsonl import RecordFiles
 from records.rundir import REFERENCE_FILE, candidate_file, input_hash
-from records.schema import Generation, build_record, candidate_key, reference_key
+from records.schema import STATS_FILE, Generation, build_record, candidate_key, reference_key
 
 
 def differs(candidate: dict, reference: dict) -> bool:
@@ -97,6 +98,8 @@ class Driver:
         if not todo:
             return
         await pool.flush(self.http)
+        before, wall0 = await cache_stats.snapshot(self.http, pool), time.time()
+        partial = any(k.startswith(f"{pool.name}-c{concurrency}/") for k in self.existing)  # a resumed point
         t0 = time.perf_counter()
         sent0, errors0 = self.sent.get(pool.name, 0), self.failed.get(pool.name, 0)
         queue: Iterator = iter(todo)
@@ -106,6 +109,11 @@ class Driver:
                 await self.run_session(pool, concurrency, index, session)
 
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(todo)))))
+        after = await cache_stats.snapshot(self.http, pool)
+        for rec in cache_stats.stats_records(run_id=self.run_id, pool=pool.name, concurrency=concurrency,
+                                             before=before, after=after, t_start=wall0, t_end=time.time(),
+                                             partial=partial):
+            self.files.write(STATS_FILE, rec)
         self.progress.write(f"{pool.name} c={concurrency}: {self.sent.get(pool.name, 0) - sent0} requests in "
                             f"{time.perf_counter() - t0:.1f}s, {self.failed.get(pool.name, 0) - errors0} errors")
 

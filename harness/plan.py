@@ -11,16 +11,24 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.server.config import to_argv
-from harness.backends.info import block_size_of, probe_lines, speculative, strategy_of
+from harness.backends.info import block_size_of, probe_lines, strategy_of
+from harness.backends.info import speculative as reports_speculation
 from harness.config import RunConfig
+from harness.engine_args import check_config, engine_overrides
 
 REFERENCE_POOL = "reference"
 DEFAULT_SERVER_COMMAND = ("python", "-m", "engine.serve")  # a leading python is the replica's interpreter
+# --diagnose pools beside the full candidate `i<I>`: name suffix -> (speculative, radix cache)
+DIAGNOSE_VARIANTS = {"spec": (True, False), "cache": (False, True)}
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What one pool's servers run. `record()` is the records' `engine` object."""
+    """What one pool's servers run. `record()` is the records' `engine` object.
+
+    `args`: extra engine flags of the pool (--candidate-args, --cover), kept verbatim; the built-in
+    engine's pools turn them into EngineConfig overrides (harness/engine_args.py).
+    """
 
     interval: int | None
     block_size: int | None
@@ -29,16 +37,19 @@ class EngineSpec:
     fault: str | None
     speculative: bool
     radix_cache: bool
+    args: tuple[str, ...] = ()
 
     def record(self, endpoint: str | None = None) -> dict:
         return {"interval": self.interval, "block_size": self.block_size, "strategy": self.strategy,
                 "tp": self.tp, "fault": self.fault, "speculative": self.speculative,
-                "radix_cache": self.radix_cache, "endpoint": endpoint}
+                "radix_cache": self.radix_cache, "endpoint": endpoint, "args": list(self.args)}
 
 
-def candidate_engine(cfg: RunConfig, interval: int) -> EngineSpec:
-    """A candidate pool: DFlash with the radix cache's extra_buffer checkpoints every `interval` tokens."""
-    return EngineSpec(interval, cfg.block_size, "extra_buffer", cfg.tp_size, cfg.inject_fault, True, True)
+def candidate_engine(cfg: RunConfig, interval: int, speculative: bool = True, radix_cache: bool = True) -> EngineSpec:
+    """A candidate pool: DFlash with the radix cache's extra_buffer checkpoints every `interval` tokens
+    (or, for --diagnose, one of the two without the other)."""
+    return EngineSpec(interval, cfg.block_size if speculative else None, "extra_buffer" if radix_cache else None,
+                      cfg.tp_size, cfg.inject_fault, speculative, radix_cache, cfg.candidate_engine_args)
 
 
 def reference_engine(cfg: RunConfig) -> EngineSpec:
@@ -46,22 +57,38 @@ def reference_engine(cfg: RunConfig) -> EngineSpec:
     return EngineSpec(None, None, None, cfg.tp_size, None, False, False)
 
 
-def engine_config(cfg: RunConfig, engine: EngineSpec) -> EngineConfig:
-    """The built-in engine's settings for a pool's replicas (what their ranks and servers are built from)."""
+def _base_config(cfg: RunConfig, engine: EngineSpec) -> dict:
     kw: dict = {"model_path": cfg.model_path, "tp_size": cfg.tp_size}
     if cfg.model_preset:
         kw["model_preset"] = cfg.model_preset
     if cfg.page_size:
         kw["page_size"] = cfg.page_size
+    # without a radix cache the interval is unused, but must still satisfy the engine's page check
+    kw["mamba_track_interval"] = engine.interval or cfg.intervals[0]
     if engine.speculative:
-        kw.update(speculative_algorithm="DFLASH", speculative_num_draft_tokens=engine.block_size,
-                  mamba_radix_cache_strategy=engine.strategy, mamba_track_interval=engine.interval)
+        kw.update(speculative_algorithm="DFLASH", speculative_num_draft_tokens=engine.block_size)
     else:
-        # the interval is unused without a radix cache, but must still satisfy the engine's page check
-        kw.update(speculative_algorithm="NONE", disable_radix_cache=True, mamba_track_interval=cfg.intervals[0])
+        kw["speculative_algorithm"] = "NONE"
+    if engine.radix_cache:
+        kw["mamba_radix_cache_strategy"] = engine.strategy
+    else:
+        kw["disable_radix_cache"] = True
     if engine.fault:
         kw["inject_fault"] = engine.fault
-    return EngineConfig(**kw)
+    return kw
+
+
+def engine_config(cfg: RunConfig, engine: EngineSpec) -> EngineConfig:
+    """The built-in engine's settings for a pool's replicas (what their ranks and servers are built from)."""
+    return EngineConfig(**{**_base_config(cfg, engine), **engine_overrides(engine.args)})
+
+
+def check_candidate_engines(cfg: RunConfig) -> None:
+    """Raise EngineArgsError (naming the flag) if a candidate pool's EngineConfig would be invalid."""
+    for interval in cfg.intervals:
+        for speculative, radix in ((True, True), *DIAGNOSE_VARIANTS.values()):
+            engine = candidate_engine(cfg, interval, speculative, radix)
+            check_config(_base_config(cfg, engine), engine_overrides(engine.args))
 
 
 # flags every replica command spells out, default or not, so a record's server line says what ran
@@ -90,7 +117,7 @@ def engine_from_server_info(info: dict, url: str) -> EngineSpec:
         strategy=strategy_of(info) if radix else None,  # either SGLang spelling of the strategy
         tp=int(info.get("tp_size") or 1),
         fault=info.get("inject_fault"),
-        speculative=speculative(info),
+        speculative=reports_speculation(info),
         radix_cache=radix,
     )
 
@@ -125,7 +152,7 @@ class Plan:
 
     def describe(self, cfg: RunConfig) -> str:
         """The human-readable plan `--dry-run` prints."""
-        lines = [f"suite {cfg.suite}: {sum(len(p.sessions) for p in self.candidates)} session runs per sweep "
+        lines = [f"suite {cfg.workload}: {sum(len(p.sessions) for p in self.candidates)} session runs per sweep "
                  f"point over {len(self.candidates)} candidate pool(s)"
                  + (f"; {self.skipped_sessions} session(s) target an interval with no pool" if
                     self.skipped_sessions else "")]
@@ -141,10 +168,16 @@ class Plan:
                          "on a multi-node cluster")
         for p in (*self.candidates, self.reference):
             e = p.engine
-            what = (f"DFLASH B={e.block_size}, radix {e.strategy}, interval {e.interval}"
-                    if e.speculative else "cold path: no speculation, no radix cache")
+            if p.role == "reference":
+                what = "cold path: no speculation, no radix cache"
+            else:
+                what = ", ".join([f"DFLASH B={e.block_size}" if e.speculative else "no speculation",
+                                  f"radix {e.strategy}" if e.radix_cache else "no radix cache",
+                                  f"interval {e.interval}"])
             if e.fault:
                 what += f", fault {e.fault}"
+            if e.args:
+                what += f", engine args {' '.join(e.args)}"
             lines.append(f"pool {p.name}: {p.replicas} replica(s), tp {e.tp}, {what}")
             if p.endpoints:
                 lines.append("  endpoints: " + ", ".join(p.endpoints))
@@ -169,9 +202,16 @@ def skipped(sessions: list, intervals: set[int]) -> int:
 
 
 def builtin_plan(cfg: RunConfig, sessions: list) -> Plan:
-    """Pools of built-in replicas: one candidate pool per interval and one reference pool."""
-    cands = tuple(PoolPlan(f"i{i}", "candidate", candidate_engine(cfg, i), cfg.replicas, sessions_for(sessions, i))
-                  for i in cfg.intervals)
+    """Pools of built-in replicas: one candidate pool per interval (with --diagnose also `i<I>-spec` and
+    `i<I>-cache`) and one reference pool."""
+    cands = []
+    for i in cfg.intervals:
+        variants = {"": (True, True), **(DIAGNOSE_VARIANTS if cfg.diagnose else {})}
+        for suffix, (speculative, radix) in variants.items():
+            engine = candidate_engine(cfg, i, speculative, radix)
+            name = f"i{i}" + (f"-{suffix}" if suffix else "")
+            cands.append(PoolPlan(name, "candidate", engine, cfg.replicas, sessions_for(sessions, i)))
+    cands = tuple(cands)
     ref = PoolPlan(REFERENCE_POOL, "reference", reference_engine(cfg), cfg.reference_replicas)
     return Plan(cands, ref, cfg.concurrency, skipped(sessions, set(cfg.intervals)))
 

@@ -44,7 +44,11 @@ def load_sessions(cfg: RunConfig) -> list:
     from workloads import load_suite
 
     kwargs = {"num_requests": cfg.num_requests} if cfg.num_requests else {}
-    return list(load_suite(cfg.suite, **kwargs))
+    if cfg.cover:
+        kwargs = {"intervals": cfg.intervals, "block_size": cfg.block_size}
+    elif cfg.suite == "load" and not cfg.external:  # every generated request targets a pool of this run
+        kwargs["intervals"] = cfg.intervals
+    return list(load_suite(cfg.workload, **kwargs))
 
 
 def backend_of(cfg: RunConfig) -> Backend:
@@ -172,7 +176,7 @@ def resolve(argv: list[str] | None) -> tuple[RunConfig, list]:
     try:
         sessions = load_sessions(cfg)
     except (WorkloadError, OSError) as e:
-        raise ConfigError(f"--suite {cfg.suite}: {e}") from None
+        raise ConfigError(f"{'--cover' if cfg.cover else '--suite ' + cfg.suite}: {e}") from None
     return cfg, sessions
 
 

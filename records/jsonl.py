@@ -78,6 +78,7 @@ class RunRecords:
 
     candidates: list[dict]
     references: dict[str, dict]  # input_hash -> reference record (first one seen)
+    stats: list[dict] = field(default_factory=list)  # per sweep point and replica: cache counters (role "stats")
     truncated: list[str] = field(default_factory=list)  # "file:line" of ignored truncated last lines
     corrupt: list[str] = field(default_factory=list)  # "file:line" of unparseable lines elsewhere
     duplicates: int = 0  # records dropped because their key was already seen
@@ -129,6 +130,7 @@ def load_run(run_dir: str | Path) -> RunRecords:
     seen: set[str] = set()
     candidates: list[dict] = []
     references: dict[str, dict] = {}
+    stats: list[dict] = []
     truncated: list[str] = []
     corrupt: list[str] = []
     duplicates = 0
@@ -148,4 +150,6 @@ def load_run(run_dir: str | Path) -> RunRecords:
                 references.setdefault(str(rec.get("input_hash")), rec)
             elif rec.get("role") == "candidate":
                 candidates.append(rec)
-    return RunRecords(candidates, references, truncated, corrupt, duplicates)
+            elif rec.get("role") == "stats":
+                stats.append(rec)
+    return RunRecords(candidates, references, stats, truncated, corrupt, duplicates)

@@ -95,3 +95,46 @@ def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, c
         "cache_lost": cache_lost,
     }
 
+
+
+# Per-sweep-point cache counters of one candidate replica (docs/records.md, "Stats records"), read from
+# the server's GET /metrics before and after the sweep point; None: the server does not expose it.
+CACHE_COUNTERS = ("cache_hit_tokens", "checkpoint_evictions", "kv_evicted_pages")
+STATS_FILE = "stats.jsonl"
+
+
+def stats_key(pool: str, concurrency: int, replica_id: str) -> str:
+    """`stats/i128-c4/i128-r0`: one stats record per candidate replica per sweep point."""
+    return f"stats/{pool}-c{concurrency}/{replica_id}"
+
+
+def counter_deltas(before: dict[str, float | None], after: dict[str, float | None]) -> dict[str, int | None]:
+    """after - before per cache counter; None where either side is unknown or the counter went back (a restart)."""
+    out: dict[str, int | None] = {}
+    for name in CACHE_COUNTERS:
+        a, b = before.get(name), after.get(name)
+        out[name] = int(round(b - a)) if a is not None and b is not None and b >= a else None
+    return out
+
+
+def build_stats_record(*, run_id: str, pool: str, concurrency: int, replica_id: str, before: dict, after: dict,
+                       t_start: float, t_end: float, partial: bool) -> dict:
+    """One JSON-ready stats record: the cache counters' change over one sweep point on one replica.
+
+    `partial`: the sweep point was resumed, so the figures cover only the requests sent by this process.
+    """
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id,
+        "key": stats_key(pool, concurrency, replica_id),
+        "role": "stats",
+        "pool": pool,
+        "concurrency": concurrency,
+        "replica_id": replica_id,
+        "counters": counter_deltas(before, after),
+        "before": {k: before.get(k) for k in CACHE_COUNTERS},
+        "after": {k: after.get(k) for k in CACHE_COUNTERS},
+        "t_start": t_start,
+        "t_end": t_end,
+        "partial": partial,
+    }

@@ -14,13 +14,14 @@ from dataclasses import asdict, dataclass
 import pandas as pd
 
 from protocol.boundaries import boundaries_between, boundary_step, crossed_boundary, nearest_boundary_offset
-from reports.oracle import MARGIN_THRESHOLD, classify
+from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, classify
 
 # requests.csv columns, in order (documented in docs/reports.md).
 REQUEST_COLUMNS = [
-    "key", "run_id", "pool", "interval", "concurrency", "block_size", "fault", "replica_id", "suite",
-    "case_id", "session_id", "turn", "input_hash", "input_len", "output_len", "ref_output_len",
-    "class", "detail", "first_divergence", "divergence_pos", "divergence_offset", "ref_margin",
+    "key", "run_id", "pool", "variant", "interval", "concurrency", "block_size", "fault", "replica_id", "suite",
+    "group", "case_id", "session_id", "turn", "input_hash", "input_len", "output_len", "ref_output_len",
+    "class", "detail", "oracle", "drift", "drift_onset", "drift_onset_pos", "drift_onset_offset",
+    "drift_compared", "onset_points_at", "first_divergence", "divergence_pos", "divergence_offset", "ref_margin",
     "cand_rank", "cand_token", "ref_token", "cached_tokens", "restored", "restored_offset",
     "prompt_offset", "crossing_source", "crossed_boundaries", "n_crossings", "n_untracked_crossings",
     "crossings", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
@@ -30,12 +31,13 @@ REQUEST_COLUMNS = [
 
 _INT_COLUMNS = [
     "interval", "concurrency", "block_size", "turn", "input_len", "output_len", "ref_output_len",
+    "drift_onset", "drift_onset_pos", "drift_onset_offset", "drift_compared",
     "first_divergence", "divergence_pos", "divergence_offset", "cand_rank", "cand_token", "ref_token",
     "cached_tokens", "restored_offset", "prompt_offset", "n_crossings", "n_untracked_crossings",
     "restored_crossing_step", "restored_crossing_commit_len", "spec_verify_ct", "completion_tokens",
     "retries",
 ]
-_FLOAT_COLUMNS = ["ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
+_FLOAT_COLUMNS = ["drift", "ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,31 @@ def record_interval(rec: dict) -> int | None:
     return int(interval) if interval else None
 
 
-def _row(cand: dict, ref: dict | None, threshold: float) -> tuple[dict, list[Crossing]]:
+def pool_variant(engine: dict) -> str:
+    """`full` (speculation + radix cache), `spec_only` or `cache_only` (the --diagnose pools), or `cold`."""
+    spec, radix = engine.get("speculative"), engine.get("radix_cache")
+    spec, radix = spec is not False, radix is not False  # a record without the flags is a full candidate
+    return {(True, True): "full", (True, False): "spec_only", (False, True): "cache_only"}.get((spec, radix), "cold")
+
+
+def onset_points_at(onset: int | None, restored: bool) -> str | None:
+    """Where the first flagged output position points: a wrong state from the start is the restored
+    checkpoint (or, without a restore, the prefill); a later onset is something during decoding."""
+    if onset is None:
+        return None
+    if onset == 0:
+        return "restored_checkpoint" if restored else "prefill"
+    return "decode"
+
+
+def _offset(pos: int | None, interval: int | None) -> int | None:
+    return nearest_boundary_offset(pos, interval) if pos is not None and interval else None
+
+
+def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tuple[dict, list[Crossing]]:
     engine = cand.get("engine") or {}
     interval = record_interval(cand)
-    c = classify(cand, ref, threshold)
+    c = classify(cand, ref, threshold, tolerance)
     input_len = int(cand.get("input_len") or len(cand.get("input_ids") or []))
     output = cand.get("output_ids") or []
     cached = int(cand.get("cached_tokens") or 0)
@@ -98,22 +121,27 @@ def _row(cand: dict, ref: dict | None, threshold: float) -> tuple[dict, list[Cro
     else:
         crossings, source = inferred_crossings(input_len, len(output), interval), "inferred"
     div_pos = input_len + c.first_divergence if c.first_divergence is not None else None
+    onset_pos = input_len + c.drift.onset if c.drift.onset is not None else None
+    first_flag = c.drift.onset if c.drift.onset is not None else c.first_divergence
     row = {
         "key": cand.get("key"), "run_id": cand.get("run_id"), "pool": cand.get("pool"),
-        "interval": interval, "concurrency": cand.get("concurrency"),
+        "variant": pool_variant(engine), "interval": interval, "concurrency": cand.get("concurrency"),
         "block_size": engine.get("block_size"), "fault": engine.get("fault"),
-        "replica_id": cand.get("replica_id"), "suite": cand.get("suite"), "case_id": cand.get("case_id"),
+        "replica_id": cand.get("replica_id"), "suite": cand.get("suite"),
+        "group": (cand.get("case") or {}).get("group"), "case_id": cand.get("case_id"),
         "session_id": cand.get("session_id"), "turn": cand.get("turn"), "input_hash": cand.get("input_hash"),
         "input_len": input_len, "output_len": len(output),
         "ref_output_len": len(ref.get("output_ids") or []) if ref is not None else None,
-        "class": c.cls, "detail": c.detail, "first_divergence": c.first_divergence,
-        "divergence_pos": div_pos,
-        "divergence_offset": nearest_boundary_offset(div_pos, interval) if div_pos is not None and interval
-        else None,
+        "class": c.cls, "detail": c.detail, "oracle": c.oracle if c.cls != "error" else None,
+        "drift": c.drift.value, "drift_onset": c.drift.onset, "drift_onset_pos": onset_pos,
+        "drift_onset_offset": _offset(onset_pos, interval), "drift_compared": c.drift.compared,
+        "onset_points_at": onset_points_at(first_flag, cached > 0) if c.cls not in ("exact", "error") else None,
+        "first_divergence": c.first_divergence, "divergence_pos": div_pos,
+        "divergence_offset": _offset(div_pos, interval),
         "ref_margin": c.ref_margin, "cand_rank": c.cand_rank, "cand_token": c.cand_token,
         "ref_token": c.ref_token, "cached_tokens": cached, "restored": cached > 0,
         "restored_offset": input_len - cached if cached > 0 else None,
-        "prompt_offset": nearest_boundary_offset(input_len, interval) if interval else None,
+        "prompt_offset": _offset(input_len, interval),
         "crossing_source": source, "crossed_boundaries": " ".join(str(x.boundary) for x in crossings),
         "n_crossings": len(crossings),
         "n_untracked_crossings": sum(1 for x in crossings if x.tracked_agrees is False),
@@ -170,15 +198,16 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def analyze(candidates: Iterable[dict], references: dict[str, dict],
-            threshold: float = MARGIN_THRESHOLD) -> pd.DataFrame:
-    """One row per candidate record (columns REQUEST_COLUMNS): class, divergence, margin and attribution.
+def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: float = MARGIN_THRESHOLD,
+            tolerance: float = DRIFT_TOLERANCE) -> pd.DataFrame:
+    """One row per candidate record (columns REQUEST_COLUMNS): class, drift, divergence, margin, attribution.
 
-    `references` maps `input_hash` to the reference record.
+    `references` maps `input_hash` to the reference record; `threshold` is the soft margin, `tolerance`
+    the log-prob drift allowed.
     """
     rows, crossings = [], []
     for cand in candidates:
-        row, xs = _row(cand, references.get(str(cand.get("input_hash"))), threshold)
+        row, xs = _row(cand, references.get(str(cand.get("input_hash"))), threshold, tolerance)
         rows.append(row)
         crossings.append(xs)
     if not rows:

@@ -13,21 +13,28 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
-from reports.oracle import MARGIN_THRESHOLD
+from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
 
 EXIT_PASS = 0
 EXIT_GATE_FAILED = 1
 EXIT_HARNESS_FAILED = 2
+# A starting tolerance for external (GPU, bf16) engines, whose batch-dependent numerics move log-probs
+# far more than the deterministic built-in engine's; the report's observed noise floor says whether it fits.
+EXTERNAL_DRIFT_TOLERANCE = 0.05
+_FLOATS = ("max_soft_rate", "margin_threshold", "drift_tolerance")
 
 
 @dataclass(frozen=True)
 class GateThresholds:
-    """What a run may contain and still pass. Soft flips are judged as a share of all candidate requests."""
+    """What a run may contain and still pass. Soft flips are judged as a share of all candidate requests;
+    drift (same tokens, log-probs off by more than `drift_tolerance`) counts like a hard mismatch."""
 
     max_hard: int = 0
     max_errors: int = 0
     max_soft_rate: float = 0.02
     margin_threshold: float = MARGIN_THRESHOLD  # reference top-1/top-2 margin below which a flip is soft
+    max_drift: int = 0
+    drift_tolerance: float = DRIFT_TOLERANCE  # largest |candidate - reference| log-prob that is numerics
 
     @classmethod
     def from_mapping(cls, mapping: dict | None, **overrides) -> GateThresholds:
@@ -37,7 +44,7 @@ class GateThresholds:
         given = {k: v for k, v in overrides.items() if v is not None}
         for name, value in {**(mapping or {}), **given}.items():
             if name in known and value is not None:
-                values[name] = float(value) if name in ("max_soft_rate", "margin_threshold") else int(value)
+                values[name] = float(value) if name in _FLOATS else int(value)
         return cls(**values)
 
     @classmethod
@@ -61,18 +68,24 @@ class Verdict:
     hard: int
     errors: int
     thresholds: GateThresholds = field(default_factory=GateThresholds)
+    drift: int = 0
 
     @property
     def soft_rate(self) -> float:
         return self.soft / self.requests if self.requests else 0.0
 
     @property
+    def flagged(self) -> int:
+        """Requests that signal a state bug: hard mismatches and drift."""
+        return self.hard + self.drift
+
+    @property
     def headline(self) -> str:
-        """One line, e.g. `FAIL: 24 hard mismatches (24/112 requests), 0 errors, 2 soft (1.8%)`."""
+        """One line, e.g. `FAIL: 24 hard mismatches, 60 drift (84/112 requests), 0 errors, 2 soft (1.8%)`."""
         word = "PASS" if self.passed else "FAIL"
         noun = "mismatch" if self.hard == 1 else "mismatches"
         err = "error" if self.errors == 1 else "errors"
-        return (f"{word}: {self.hard} hard {noun} ({self.hard}/{self.requests} requests), "
+        return (f"{word}: {self.hard} hard {noun}, {self.drift} drift ({self.flagged}/{self.requests} requests), "
                 f"{self.errors} {err}, {self.soft} soft ({100 * self.soft_rate:.1f}%)")
 
 
@@ -80,13 +93,16 @@ def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None) -> Verd
     """Judge the requests frame of `reports.analyze` (one row per candidate, column `class`)."""
     t = thresholds or GateThresholds()
     counts = df["class"].value_counts() if len(df) else pd.Series(dtype=int)
-    exact, soft, hard, errors = (int(counts.get(c, 0)) for c in ("exact", "soft", "hard", "error"))
+    exact, drift, soft, hard, errors = (int(counts.get(c, 0)) for c in ("exact", "drift", "soft", "hard", "error"))
     requests = len(df)
     reasons = []
     if requests == 0:
         reasons.append("no candidate requests were recorded: nothing was tested")
     if hard > t.max_hard:
         reasons.append(f"{hard} hard mismatches > allowed {t.max_hard}")
+    if drift > t.max_drift:
+        reasons.append(f"{drift} requests with log-prob drift (same tokens, drift > {t.drift_tolerance:g}) > "
+                       f"allowed {t.max_drift}")
     if errors > t.max_errors:
         reasons.append(f"{errors} request errors > allowed {t.max_errors}")
     # Compare counts, not floats: exactly at the allowed rate passes.
@@ -98,4 +114,4 @@ def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None) -> Verd
         code = EXIT_PASS
     else:
         code = EXIT_HARNESS_FAILED if requests == 0 else EXIT_GATE_FAILED
-    return Verdict(passed, code, reasons, requests, exact, soft, hard, errors, t)
+    return Verdict(passed, code, reasons, requests, exact, soft, hard, errors, t, drift)

@@ -1,4 +1,4 @@
-"""junit.xml: one testcase per session per sweep point; hard mismatches and errors fail it."""
+"""junit.xml: one testcase per session per sweep point; hard mismatches, drift and errors fail it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ def sweep_point(pool, concurrency) -> str:
 
 
 def junit_tree(df: pd.DataFrame, run_id: str = "specgate") -> ET.ElementTree:
-    """Build the JUnit tree: a testsuite per sweep point, a testcase per session, failures for hard/error turns."""
+    """Build the JUnit tree: a testsuite per sweep point, a testcase per session, failures for hard, drift and
+    error turns."""
     # Group in Python: pandas groupby + to_dict per session is ~25 ms a group.
     points: dict[str, dict[str, list[dict]]] = {}
     for r in df.to_dict("records") if len(df) else []:
@@ -34,7 +35,7 @@ def junit_tree(df: pd.DataFrame, run_id: str = "specgate") -> ET.ElementTree:
             rows = sorted(points[classname][session], key=lambda r: (value_or_none(r["turn"]) or 0))
             time = sum(value_or_none(r["e2e"]) or 0.0 for r in rows)
             case = ET.SubElement(suite, "testcase", classname=classname, name=session, time=f"{time:.3f}")
-            bad = [r for r in rows if r["class"] in ("hard", "error")]
+            bad = [r for r in rows if r["class"] in ("hard", "drift", "error")]
             if bad:
                 kinds = sorted({r["class"] for r in bad})
                 failure = ET.SubElement(case, "failure", type="+".join(kinds), message=case_text(bad[0]))

@@ -1,18 +1,45 @@
 """The oracle: how one candidate output compares with its cold-path reference (DESIGN.md 3.3).
 
-Classes: `exact` (same tokens), `soft` (the reference's top-1/top-2 log-prob margin
-at the first divergence is strictly below the threshold: a numerics flip), `hard`
-(any other divergence: the signature of a state bug), `error` (the request, or its
-reference, failed or is missing). Pure functions over records.
+Token equality alone is a weak oracle (a corrupted linear state often still emits
+the same tokens), so the log-probs are compared too, over the common prefix:
+
+* `exact`: same tokens, log-prob drift within the tolerance;
+* `drift`: same tokens, drift beyond the tolerance: a silent state divergence;
+* `soft`: tokens differ, the reference's top-1/top-2 margin at the first divergence is
+  strictly below the threshold and there was no drift before it (nor at it, among the
+  top-k entries both sides returned there): a numerics flip;
+* `hard`: tokens differ otherwise (a margin at or above the threshold, drift before or
+  at the flip, top-k lists at the flip that share no token, a missing top-2, one
+  output a strict prefix of the other);
+* `error`: the request, or its reference, failed or is missing.
+
+Without log-probs on both sides the drift cannot be measured: the margin rule alone
+decides (`oracle` = "margin") and the detail says so. Pure functions over records.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-CLASSES = ("exact", "soft", "hard", "error")
+CLASSES = ("exact", "drift", "soft", "hard", "error")
+FLAGGED = ("drift", "hard")  # the classes that signal a state bug
 MARGIN_THRESHOLD = 0.5  # reference top-1/top-2 log-prob margin below which a flip is soft
+DRIFT_TOLERANCE = 1e-3  # log-prob drift above which equal tokens are a silent divergence (built-in engine)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Log-prob agreement of a candidate with its reference over their common prefix."""
+
+    value: float | None  # max |candidate - reference| log-prob; None when not measurable
+    onset: int | None  # first output index whose difference exceeds the tolerance
+    compared: int  # positions compared
+
+    @property
+    def measured(self) -> bool:
+        return self.value is not None
 
 
 @dataclass(frozen=True)
@@ -26,6 +53,12 @@ class Classification:
     cand_rank: int | None = None
     cand_token: int | None = None
     ref_token: int | None = None
+    drift: Drift = Drift(None, None, 0)
+
+    @property
+    def oracle(self) -> str:
+        """`logprob` when drift was measured, `margin` when only the margin rule could decide."""
+        return "logprob" if self.drift.measured else "margin"
 
 
 def first_divergence(cand: Sequence[int], ref: Sequence[int]) -> int | None:
@@ -34,6 +67,14 @@ def first_divergence(cand: Sequence[int], ref: Sequence[int]) -> int | None:
         if a != b:
             return i
     return None if len(cand) == len(ref) else min(len(cand), len(ref))
+
+
+def _number(x) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
 
 
 def _sorted_top(top: Sequence | None) -> list[tuple[float, int]]:
@@ -57,11 +98,50 @@ def token_rank(top: Sequence | None, token: int) -> int | None:
     return None
 
 
+def position_drift(cand_lp, ref_lp, cand_top: Sequence | None, ref_top: Sequence | None) -> float | None:
+    """Largest |difference| at one position: the chosen token's log-prob and every top-k token both returned."""
+    diffs = []
+    a, b = _number(cand_lp), _number(ref_lp)
+    if a is not None and b is not None:
+        diffs.append(abs(a - b))
+    ours = {tok: lp for lp, tok in _sorted_top(cand_top)}
+    for lp, tok in _sorted_top(ref_top):
+        if tok in ours:
+            diffs.append(abs(ours[tok] - lp))
+    return max(diffs) if diffs else None
+
+
+def logprob_drift(cand: dict, ref: dict, upto: int, tolerance: float = DRIFT_TOLERANCE,
+                  flip: int | None = None) -> Drift:
+    """Drift over output positions [0, upto), and at the `flip` position (the first divergent token) over the
+    top-k entries both returned there; value None unless both records carry log-probs."""
+    c_lp, r_lp = cand.get("output_logprobs") or [], ref.get("output_logprobs") or []
+    c_top, r_top = cand.get("output_top_logprobs") or [], ref.get("output_top_logprobs") or []
+    if not ((c_lp or c_top) and (r_lp or r_top)) and (upto > 0 or flip is not None):
+        return Drift(None, None, 0)  # a side without log-probs (an engine that does not return them)
+    diffs = [(i, position_drift(_at(c_lp, i), _at(r_lp, i), _at(c_top, i), _at(r_top, i))) for i in range(upto)]
+    if flip is not None:  # the tokens differ there: only the distribution they were drawn from can be compared
+        diffs.append((flip, position_drift(None, None, _at(c_top, flip), _at(r_top, flip))))
+    measured = [(i, d) for i, d in diffs if d is not None]
+    onset = next((i for i, d in measured if d > tolerance), None)
+    return Drift(max((d for _, d in measured), default=0.0), onset, len(measured))
+
+
 def _at(seq: Sequence | None, i: int):
     return seq[i] if seq is not None and 0 <= i < len(seq) else None
 
 
-def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD) -> Classification:
+def _disjoint(cand_top: Sequence | None, ref_top: Sequence | None) -> bool:
+    """True when both sides returned a top-2 or more at a position and no token is in both."""
+    c, r = _sorted_top(cand_top), _sorted_top(ref_top)
+    return len(c) >= 2 and len(r) >= 2 and not {t for _, t in c} & {t for _, t in r}
+
+
+NO_LOGPROBS = "no log-probs on both sides: margin rule only"
+
+
+def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD,
+             tolerance: float = DRIFT_TOLERANCE) -> Classification:
     """DESIGN.md 3.3 classification of one candidate record against its reference record."""
     if cand.get("error"):
         return Classification("error", f"candidate error: {cand['error']}")
@@ -72,20 +152,34 @@ def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD) 
     c_out = list(cand.get("output_ids") or [])
     r_out = list(ref.get("output_ids") or [])
     p = first_divergence(c_out, r_out)
+    flip = p if p is not None and p < min(len(c_out), len(r_out)) else None
+    drift = logprob_drift(cand, ref, len(c_out) if p is None else p, tolerance, flip)
+    unmeasured = "" if drift.measured else f" ({NO_LOGPROBS})"
     if p is None:
-        return Classification("exact", "")
+        if drift.onset is not None:
+            return Classification("drift", f"log-prob drift {drift.value:.3g} from output {drift.onset} "
+                                           f"> tolerance {tolerance:g}", drift=drift)
+        return Classification("exact", unmeasured.strip(" ()"), drift=drift)
     ref_top = _at(ref.get("output_top_logprobs"), p)
     margin = top_margin(ref_top)
     cand_token, ref_token = _at(c_out, p), _at(r_out, p)
     rank = token_rank(ref_top, cand_token) if cand_token is not None else None
     fields = dict(first_divergence=p, ref_margin=margin, cand_rank=rank, cand_token=cand_token,
-                  ref_token=ref_token)
+                  ref_token=ref_token, drift=drift)
     if cand_token is None or ref_token is None:
         # One output is a strict prefix of the other: no token flip to weigh, so not a numerics flip.
         return Classification("hard", f"length: candidate {len(c_out)} vs reference {len(r_out)} tokens",
                               **fields)
+    if drift.onset is not None:
+        # The state had already left the reference's before (or at) the flip: whatever the margin, not numerics.
+        where = f"before the flip at {p}" if drift.onset < p else "at the flip"
+        return Classification("hard", f"log-prob drift {drift.value:.3g} from output {drift.onset} {where}",
+                              **fields)
+    if _disjoint(_at(cand.get("output_top_logprobs"), p), ref_top):
+        # A numerics flip swaps near-tied tokens, so both top-k lists hold both; disjoint ones are not numerics.
+        return Classification("hard", f"the top-k at the flip (output {p}) share no token", **fields)
     if margin is None:
-        return Classification("hard", "reference top-2 log-probs missing at divergence", **fields)
+        return Classification("hard", "reference top-2 log-probs missing at divergence" + unmeasured, **fields)
     if margin < threshold:
-        return Classification("soft", f"margin {margin:.4g} < {threshold:g}", **fields)
-    return Classification("hard", f"margin {margin:.4g} >= {threshold:g}", **fields)
+        return Classification("soft", f"margin {margin:.4g} < {threshold:g}" + unmeasured, **fields)
+    return Classification("hard", f"margin {margin:.4g} >= {threshold:g}" + unmeasured, **fields)

@@ -4,53 +4,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import ScalarFormatter
 
-matplotlib.use("Agg")
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import ScalarFormatter  # noqa: E402
+from reports.plot_style import DRIFT, HARD, SOFT
+from reports.plot_style import empty as _empty
+from reports.plot_style import figure as _figure
+from reports.plot_style import intervals_of as _intervals
+from reports.plot_style import save as _save
+from reports.plots_oracle import boundary_coverage, drift_floor
 
-HARD, SOFT = "#c62828", "#ef9f27"
-DPI = 100
 PLOT_FILES = {
     "mismatch_rate": "mismatch_rate_by_prompt_offset.png",
-    "verify_heatmap": "hard_by_verify_step.png",
+    "verify_heatmap": "flagged_by_verify_step.png",
     "divergence": "divergence_offset.png",
+    "drift_floor": "drift_floor.png",
+    "coverage": "boundary_coverage.png",
     "accept_length": "accept_length.png",
     "performance": "throughput_latency.png",
 }
 
 
-def _intervals(df: pd.DataFrame) -> list[int]:
-    return sorted(int(i) for i in df["interval"].dropna().unique()) if len(df) else []
-
-
-def _empty(ax, message: str) -> None:
-    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, color="#555", wrap=True,
-            transform=ax.transAxes)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def _figure(rows: int, cols: int, width: float = 11.0, row_height: float = 3.4):
-    height = row_height * rows + 0.6
-    fig = Figure(figsize=(width, height), dpi=DPI)
-    # Fixed margins in inches: a layout engine would triple the drawing time.
-    fig.subplots_adjust(left=0.75 / width, right=1 - 0.3 / width, top=1 - 0.75 / height, bottom=0.6 / height,
-                        hspace=1.1 / (row_height - 1.1), wspace=0.3 if cols > 1 else 0.2)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    return fig, axes
-
-
-def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path)
-    return path
-
-
 def mismatch_rate_by_prompt_offset(df: pd.DataFrame, path: Path) -> Path:
-    """Hard and soft mismatch rate by the prompt's offset to its nearest boundary, one panel per interval."""
+    """Hard, drift and soft rate by the prompt's offset to its nearest boundary, one panel per interval."""
     intervals = _intervals(df)
     fig, axes = _figure(max(1, len(intervals)), 1)
     fig.suptitle("Mismatch rate by prompt offset to the nearest checkpoint boundary", fontweight="bold")
@@ -64,11 +41,14 @@ def mismatch_rate_by_prompt_offset(df: pd.DataFrame, path: Path) -> Path:
         if offsets.nunique() > 64:  # a load suite spreads prompts over the whole interval: bin them
             width = max(1, interval // 32)
             offsets = offsets // width * width
-        by = pd.DataFrame({"x": offsets, "hard": g["class"] == "hard", "soft": g["class"] == "soft"})
-        rates = by.groupby("x").agg(hard=("hard", "mean"), soft=("soft", "mean"), n=("hard", "size"))
-        bar = 0.4 * width
-        ax.bar(rates.index - bar / 2, rates["hard"], width=bar, color=HARD, label="hard")
-        ax.bar(rates.index + bar / 2, rates["soft"], width=bar, color=SOFT, label="soft")
+        by = pd.DataFrame({"x": offsets, "hard": g["class"] == "hard", "drift": g["class"] == "drift",
+                           "soft": g["class"] == "soft"})
+        rates = by.groupby("x").agg(hard=("hard", "mean"), drift=("drift", "mean"), soft=("soft", "mean"),
+                                    n=("hard", "size"))
+        bar = 0.3 * width
+        ax.bar(rates.index - bar, rates["hard"], width=bar, color=HARD, label="hard")
+        ax.bar(rates.index, rates["drift"], width=bar, color=DRIFT, label="drift")
+        ax.bar(rates.index + bar, rates["soft"], width=bar, color=SOFT, label="soft")
         ax.scatter(rates.index, np.zeros(len(rates)), marker="|", s=120, color="#555", label="offset tested")
         if len(rates) <= 24:
             for x, n in zip(rates.index, rates["n"], strict=False):
@@ -79,10 +59,10 @@ def mismatch_rate_by_prompt_offset(df: pd.DataFrame, path: Path) -> Path:
         ax.set_title(f"interval {interval}: {len(g)} requests", loc="left")
         ax.set_xlabel(f"prompt length - nearest multiple of {interval} (tokens){binned}")
         ax.set_ylabel("share of requests")
-        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=3, frameon=False, fontsize=9)
-        if not (by["hard"].any() or by["soft"].any()):
-            ax.text(0.5, 0.6, "no hard or soft mismatches", ha="center", transform=ax.transAxes, color="#2e7d32",
-                    fontsize=12)
+        ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, frameon=False, fontsize=9)
+        if not (by["hard"].any() or by["drift"].any() or by["soft"].any()):
+            ax.text(0.5, 0.6, "no hard, drift or soft requests", ha="center", transform=ax.transAxes,
+                    color="#2e7d32", fontsize=12)
     return _save(fig, path)
 
 
@@ -96,7 +76,7 @@ def _heatmap(ax, rows: pd.DataFrame, empty_message: str, title: str, block_size:
     n = max(int(steps.max()) + 1, int(commits.max()), block_size or 0)  # steps 0..n-1, commit lengths 1..n
     hard = np.zeros((n, n))  # [commit_len - 1, step]
     total = np.zeros((n, n))
-    for s, c, h, k in zip(steps, commits, rows["hard"], rows["requests"], strict=False):
+    for s, c, h, k in zip(steps, commits, rows["hard"] + rows["drift"], rows["requests"], strict=False):
         hard[c - 1, s] += h
         total[c - 1, s] += k
     extent = (-0.5, n - 0.5, 0.5, n + 0.5)
@@ -115,18 +95,19 @@ def _heatmap(ax, rows: pd.DataFrame, empty_message: str, title: str, block_size:
     ax.set_ylabel("commit length")
     ax.set_xticks(range(n))
     ax.set_yticks(range(1, n + 1))
-    ax.figure.colorbar(image, ax=ax, label="hard share of requests")
+    ax.figure.colorbar(image, ax=ax, label="flagged (hard + drift) share")
 
 
-def hard_by_verify_step(boundaries: pd.DataFrame, path: Path, block_size: int | None = None) -> Path:
-    """Heatmaps step x commit length of hard mismatches (colour: hard share; text: hard / requests).
+def flagged_by_verify_step(boundaries: pd.DataFrame, path: Path, block_size: int | None = None) -> Path:
+    """Heatmaps step x commit length of flagged requests (colour: hard + drift share; text: flagged / requests).
 
     Left: the request's own verify crossings. Right: the verify crossing (previous turn) of the checkpoint the
     request restored -- where #37817-like bugs show, since the request that crossed is not the one that suffers.
     """
     intervals = sorted(int(i) for i in boundaries["interval"].dropna().unique()) if len(boundaries) else []
     fig, axes = _figure(max(1, len(intervals)), 2, width=12.0, row_height=3.8)
-    fig.suptitle("Hard mismatches by the verify step that crossed a boundary (cell: hard / requests)",
+    fig.suptitle("Flagged requests (hard + drift) by the verify step that crossed a boundary (cell: flagged / "
+                 "requests)",
                  fontweight="bold")
     if not intervals:
         for ax in axes[0]:
@@ -145,20 +126,25 @@ def hard_by_verify_step(boundaries: pd.DataFrame, path: Path, block_size: int | 
 
 
 def divergence_offset(df: pd.DataFrame, path: Path) -> Path:
-    """Histogram of the first divergence's offset to the nearest boundary, hard and soft, per interval."""
+    """Histogram of the first divergence's (hard, soft) and the drift onset's offset to the nearest boundary."""
     intervals = _intervals(df)
     fig, axes = _figure(max(1, len(intervals)), 1)
-    fig.suptitle("First divergence position relative to the nearest checkpoint boundary", fontweight="bold")
+    fig.suptitle("First divergence and drift onset relative to the nearest checkpoint boundary",
+                 fontweight="bold")
     if not intervals:
         _empty(axes[0, 0], "no candidate requests with a track interval")
         return _save(fig, path)
     for ax, interval in zip(axes[:, 0], intervals, strict=False):
         g = df[(df["interval"] == interval) & df["divergence_offset"].notna()]
         ax.set_title(f"interval {interval}")
-        if g.empty:
-            _empty(ax, f"interval {interval}: no divergences (every answered request matched its reference)")
+        if g.empty and not df.loc[df["interval"] == interval, "drift_onset"].notna().any():
+            _empty(ax, f"interval {interval}: no divergences and no drift (every answered request matched its "
+                       "reference)")
             continue
         bins = np.arange(-(interval // 2), interval // 2 + 2) - 0.5
+        onsets = df.loc[(df["interval"] == interval) & df["drift_onset_offset"].notna(), "drift_onset_offset"]
+        ax.hist(onsets.astype(int), bins=bins, histtype="step", linewidth=2, color=DRIFT,
+                label=f"drift onset ({len(onsets)})")
         for cls, color in (("hard", HARD), ("soft", SOFT)):
             values = g.loc[g["class"] == cls, "divergence_offset"].astype(int)
             ax.hist(values, bins=bins, histtype="stepfilled", color=color, alpha=0.6, label=f"{cls} ({len(values)})")
@@ -221,8 +207,8 @@ def throughput_latency(configs: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_plots(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFrame,
-                out_dir: str | Path) -> dict[str, Path]:
+def write_plots(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFrame, out_dir: str | Path,
+                coverage: pd.DataFrame | None = None, tolerance: float | None = None) -> dict[str, Path]:
     """Draw every figure into `out_dir` (created); return name -> path."""
     out = Path(out_dir)
     sizes = df["block_size"].dropna() if len(df) else []
@@ -230,8 +216,10 @@ def write_plots(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFram
     out.mkdir(parents=True, exist_ok=True)
     return {
         "mismatch_rate": mismatch_rate_by_prompt_offset(df, out / PLOT_FILES["mismatch_rate"]),
-        "verify_heatmap": hard_by_verify_step(boundaries, out / PLOT_FILES["verify_heatmap"], block_size),
+        "verify_heatmap": flagged_by_verify_step(boundaries, out / PLOT_FILES["verify_heatmap"], block_size),
         "divergence": divergence_offset(df, out / PLOT_FILES["divergence"]),
+        "drift_floor": drift_floor(df, tolerance, out / PLOT_FILES["drift_floor"]),
+        "coverage": boundary_coverage(coverage, out / PLOT_FILES["coverage"]),
         "accept_length": accept_length(df, out / PLOT_FILES["accept_length"]),
         "performance": throughput_latency(configs, out / PLOT_FILES["performance"]),
     }

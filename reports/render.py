@@ -1,6 +1,7 @@
 """Rebuild every table, plot and page of a run directory from its records alone.
 
     python -m reports.render RUN_DIR [--margin-threshold X] [--max-soft-rate Y] [--max-hard N] [--max-errors N]
+                                     [--drift-tolerance T] [--max-drift N]
 
 Prints the verdict's headline and the report's path; exits 0 (pass), 1 (gate
 failed) or 2 (no records to judge: the harness failed).
@@ -16,6 +17,7 @@ from records.incidents import load_incidents
 from records.jsonl import RunRecords, load_run
 from records.rundir import load_config
 from reports.analyze import analyze
+from reports.diagnosis import diagnose, noise_floor
 from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
 from reports.junit import write_junit
@@ -59,13 +61,17 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) ->
     config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
     config["incidents"] = load_incidents(run_dir)  # replica failures, shown by reports/incidents.py
 
-    df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold)
-    tables = write_tables(df, run_dir)
+    df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold,
+                 tolerance=thresholds.drift_tolerance)
+    tables = write_tables(df, run_dir, run.stats)
+    floor = noise_floor(df, thresholds.drift_tolerance)
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=evaluate(df, thresholds), config=config,
                          records={r.get("key"): r for r in run.candidates}, references=run.references,
-                         warnings=_warnings(run, df))
-    results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots")
+                         coverage=tables["coverage"], diagnosis=diagnose(df), floor=floor,
+                         warnings=_warnings(run, df) + floor.warnings())
+    results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots", results.coverage,
+                                thresholds.drift_tolerance)
     write_html(run_dir / "report.html", results)
     (run_dir / "summary.md").write_text(render_summary(results), encoding="utf-8")
     write_junit(df, run_dir / "junit.xml", run_id=results.run_id)
@@ -81,10 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-soft-rate", type=float, help="largest passing share of soft flips (0.02 = 2%%)")
     parser.add_argument("--max-hard", type=int, help="largest passing number of hard mismatches")
     parser.add_argument("--max-errors", type=int, help="largest passing number of request errors")
+    parser.add_argument("--drift-tolerance", type=float, help="largest log-prob drift that counts as numerics")
+    parser.add_argument("--max-drift", type=int, help="largest passing number of requests with drift")
     args = parser.parse_args(argv)
     thresholds = GateThresholds.from_config(
         load_config(args.run_dir), margin_threshold=args.margin_threshold,
-        max_soft_rate=args.max_soft_rate, max_hard=args.max_hard, max_errors=args.max_errors)
+        max_soft_rate=args.max_soft_rate, max_hard=args.max_hard, max_errors=args.max_errors,
+        drift_tolerance=args.drift_tolerance, max_drift=args.max_drift)
     try:
         verdict = render_run(args.run_dir, thresholds)
     except NoRecordsError as e:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from reports.diagnosis import Diagnosis, NoiseFloor
 from reports.gate import Verdict
 
 
@@ -25,6 +26,9 @@ class RunResults:
     config: dict  # the run's config.json
     records: dict[str, dict]  # candidate key -> record
     references: dict[str, dict]  # input_hash -> reference record
+    coverage: pd.DataFrame
+    diagnosis: Diagnosis
+    floor: NoiseFloor
     plots: dict[str, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -43,6 +47,22 @@ def value_or_none(value):
 
 def signed(n: int) -> str:
     return f"{n:+d}"
+
+
+def drift_text(row: dict) -> str:
+    """The log-prob drift, e.g. `drift 0.31 from output index 0 (sequence position 270, +14 from ...)`."""
+    drift = value_or_none(row.get("drift"))
+    if drift is None:
+        return "drift not measured (no log-probs): margin rule only"
+    onset = value_or_none(row.get("drift_onset"))
+    if onset is None:
+        return f"max log-prob drift {drift:.3g} (within the tolerance)"
+    text = f"log-prob drift {drift:.3g}, from output index {onset} (sequence position {row['drift_onset_pos']}"
+    off = value_or_none(row.get("drift_onset_offset"))
+    if off is not None:
+        text += f", {signed(off)} from the nearest multiple of {row['interval']}"
+    where = value_or_none(row.get("onset_points_at"))
+    return text + ")" + (f": points at the {where.replace('_', ' ')}" if where else "")
 
 
 def divergence_text(row: dict) -> str:
@@ -105,5 +125,7 @@ def case_text(row: dict) -> str:
     """Class, detail, divergence and attribution of one request."""
     if row["class"] == "error":
         return f"turn {row['turn']}: error ({row['detail']}); {attribution_text(row)}"
+    if row["class"] == "drift":
+        return f"turn {row['turn']}: drift, same tokens, {drift_text(row)}; {attribution_text(row)}"
     return (f"turn {row['turn']}: {row['class']} ({row['detail']}) at {divergence_text(row)}; "
-            f"{attribution_text(row)}")
+            f"{drift_text(row)}; {attribution_text(row)}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.coverage import coverage_summary
+from reports.html_sections import cache_pressure_text
 from reports.incidents import code_span, incidents_markdown
 from reports.results import RunResults, case_text
 
@@ -28,23 +30,40 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     word = "PASS" if verdict.passed else "FAIL"
     lines = [f"# specgate {config.get('run_id', '')}: **{word}**", "", f"**{verdict.headline}**", ""]
     lines += [f"- {r}" for r in verdict.reasons] or ["- all gate checks passed"]
-    lines += ["", f"Gate: hard <= {t.max_hard}, errors <= {t.max_errors}, soft <= {100 * t.max_soft_rate:.1f}% "
-              f"of requests; soft = reference top-1/top-2 margin < {t.margin_threshold:g}.", ""]
-    lines += ["| requests | exact | soft | hard | errors |", "|---|---|---|---|---|",
-              f"| {verdict.requests} | {verdict.exact} | {verdict.soft} | {verdict.hard} | {verdict.errors} |", ""]
+    lines += ["", f"**Diagnosis:** {results.diagnosis.headline}", ""]
+    lines += [f"- {e}" for e in results.diagnosis.evidence] + ([""] if results.diagnosis.evidence else [])
+    lines += [f"Gate: hard <= {t.max_hard}, drift <= {t.max_drift}, errors <= {t.max_errors}, soft <= "
+              f"{100 * t.max_soft_rate:.1f}% of requests; drift = same tokens, log-prob drift > "
+              f"{t.drift_tolerance:g}; soft = reference top-1/top-2 margin < {t.margin_threshold:g}, no drift "
+              "before or at it.", ""]
+    lines += ["| requests | exact | drift | soft | hard | errors |", "|---|---|---|---|---|---|",
+              f"| {verdict.requests} | {verdict.exact} | {verdict.drift} | {verdict.soft} | {verdict.hard} | "
+              f"{verdict.errors} |", ""]
+    floor = results.floor
+    if floor.max is not None:
+        lines += [f"Noise floor: requests that restored nothing ({floor.requests}) drift by at most "
+                  f"{floor.max:.3g} (tolerance {floor.tolerance:g}).", ""]
+    lines += [f"Warning: {w}" for w in results.warnings]
     linked = df[df["restored_verify_crossed"]] if len(df) else df
     if len(linked):
-        hard = int((linked["class"] == "hard").sum())
+        flagged = int(linked["class"].isin(["hard", "drift"]).sum())
         lines += [f"Turns that restored a checkpoint their previous turn crossed inside a verify step: "
-                  f"{len(linked)}, of which hard: {hard}.", ""]
-    mism = boundaries[(boundaries["hard"] + boundaries["soft"]) > 0] if len(boundaries) else boundaries
+                  f"{len(linked)}, of which flagged (hard or drift): {flagged}.", ""]
+    for s in coverage_summary(results.coverage) if len(results.coverage) else []:
+        lines.append(f"Coverage at interval {s['interval']}: {s['crossed']}/{s['cells']} (step, commit length) "
+                     f"cells crossed, {s['restored']}/{s['cells']} restored.")
+    if len(configs):
+        lines += ["", cache_pressure_text(configs), ""]
+    mism = (boundaries[(boundaries["hard"] + boundaries["drift"] + boundaries["soft"]) > 0] if len(boundaries)
+            else boundaries)
     if len(mism):
         lines += ["## Boundaries with mismatches", "", _md_table(mism.head(40)), ""]
     if len(configs):
-        cols = ["pool", "interval", "concurrency", "requests", "hard", "soft", "error", "output_tok_s",
-                "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "e2e_p99_ms", "accept_length_mean"]
+        cols = ["pool", "interval", "concurrency", "requests", "hard", "drift", "soft", "error", "drift_max",
+                "cache_hit_tokens", "checkpoint_evictions", "kv_evicted_pages", "cells_crossed", "cells_restored",
+                "output_tok_s", "e2e_p50_ms", "accept_length_mean"]
         lines += ["## Sweep points", "", _md_table(configs[cols]), ""]
-    bad = df[df["class"].isin(["hard", "error"])].head(10) if len(df) else df
+    bad = df[df["class"].isin(["hard", "drift", "error"])].head(10) if len(df) else df
     if len(bad):
         lines += ["## First failing requests", ""]
         lines += [f"- {code_span(str(r['key']))}: {case_text(r)}" for r in bad.to_dict("records")]

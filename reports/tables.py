@@ -10,21 +10,26 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from records.schema import CACHE_COUNTERS
 from reports.analyze import REQUEST_COLUMNS, crossings_json
-from reports.oracle import CLASSES
+from reports.coverage import cells, cells_reached, coverage_table
+from reports.oracle import CLASSES, FLAGGED
 
 # Boundary kinds, in report order (docs/reports.md says what offset and commit_len mean for each).
-BOUNDARY_KINDS = ("restored", "restored_verify", "crossed_verify", "crossed_inferred", "prompt", "divergence")
+BOUNDARY_KINDS = ("restored", "restored_verify", "crossed_verify", "crossed_inferred", "prompt", "drift_onset",
+                  "divergence")
 
 BOUNDARY_COLUMNS = ["interval", "boundary_kind", "offset", "commit_len", "requests", *CLASSES,
-                    "hard_rate", "soft_rate", "untracked"]
+                    "hard_rate", "drift_rate", "soft_rate", "untracked", "onset_at_restore"]
 
 CONFIG_COLUMNS = [
-    "pool", "interval", "concurrency", "requests", *CLASSES, "hard_rate", "soft_rate",
+    "pool", "variant", "interval", "concurrency", "requests", *CLASSES, "flagged", "hard_rate", "drift_rate",
+    "soft_rate", "drift_max", *CACHE_COUNTERS, "cells_crossed", "cells_restored", "cells",
     "completion_tokens", "wall_s", "output_tok_s",
     "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms",
     "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "accept_length_mean",
 ]
+UNKNOWN = "unknown"  # a cache counter the server does not expose (or no stats were recorded)
 
 
 def _na(v):
@@ -38,7 +43,8 @@ def attributions(df: pd.DataFrame) -> pd.DataFrame:
         interval = _na(r["interval"])
         if interval is None:
             continue
-        base = {"key": r["key"], "interval": interval, "class": r["class"]}
+        base = {"key": r["key"], "interval": interval, "class": r["class"],
+                "onset_at_restore": r["onset_points_at"] == "restored_checkpoint"}
 
         def add(kind, offset, commit_len=None, untracked=False, base=base):
             rows.append({**base, "boundary_kind": kind, "offset": _na(offset), "commit_len": _na(commit_len),
@@ -55,9 +61,11 @@ def attributions(df: pd.DataFrame) -> pd.DataFrame:
                 add("crossed_verify", x["step"], x["commit_len"], x["tracked_agrees"] is False)
             else:
                 add("crossed_inferred", None, None)
+        if _na(r["drift_onset"]) is not None:
+            add("drift_onset", r["drift_onset_offset"])
         if _na(r["first_divergence"]) is not None:
             add("divergence", r["divergence_offset"])
-    cols = ["key", "interval", "class", "boundary_kind", "offset", "commit_len", "untracked"]
+    cols = ["key", "interval", "class", "onset_at_restore", "boundary_kind", "offset", "commit_len", "untracked"]
     out = pd.DataFrame(rows, columns=cols)
     for col in ("interval", "offset", "commit_len"):
         out[col] = pd.to_numeric(out[col], errors="coerce").astype("Float64").round().astype("Int64")
@@ -70,6 +78,7 @@ def _class_counts(group: pd.DataFrame) -> dict:
     n = len(group)
     out = {"requests": n, **{c: int(counts.get(c, 0)) for c in CLASSES}}
     out["hard_rate"] = out["hard"] / n if n else np.nan
+    out["drift_rate"] = out["drift"] / n if n else np.nan
     out["soft_rate"] = out["soft"] / n if n else np.nan
     return out
 
@@ -83,7 +92,8 @@ def boundaries_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["interval", "boundary_kind", "offset", "commit_len"]
     for key, group in att.groupby(keys, dropna=False, sort=False):
         cell = dict(zip(keys, key, strict=True))
-        rows.append({**cell, **_class_counts(group), "untracked": int(group["untracked"].sum())})
+        rows.append({**cell, **_class_counts(group), "untracked": int(group["untracked"].sum()),
+                     "onset_at_restore": int(group["onset_at_restore"].sum())})
     out = pd.DataFrame(rows, columns=BOUNDARY_COLUMNS)
     out["kind_order"] = out["boundary_kind"].map({k: i for i, k in enumerate(BOUNDARY_KINDS)})
     out = out.sort_values(["interval", "kind_order", "offset", "commit_len"], na_position="first")
@@ -98,10 +108,25 @@ def _pct_ms(values: pd.Series, q: float) -> float:
     return float(np.percentile(v, q) * 1000.0) if len(v) else np.nan
 
 
-def configs_table(df: pd.DataFrame) -> pd.DataFrame:
-    """pool/interval x concurrency: class counts, output tok/s over the sweep point's wall span, latency percentiles."""
+def cache_figures(stats: list[dict] | None) -> dict[tuple, dict]:
+    """(pool, concurrency) -> each cache counter summed over the point's replicas, UNKNOWN where any is missing."""
+    out: dict[tuple, dict] = {}
+    for rec in stats or []:
+        point = out.setdefault((rec.get("pool"), rec.get("concurrency")), dict.fromkeys(CACHE_COUNTERS, 0))
+        counters = rec.get("counters") or {}
+        for name in CACHE_COUNTERS:
+            value = counters.get(name)
+            point[name] = UNKNOWN if value is None or point[name] == UNKNOWN else point[name] + int(value)
+    return out
+
+
+def configs_table(df: pd.DataFrame, stats: list[dict] | None = None) -> pd.DataFrame:
+    """pool/interval x concurrency: class counts, drift, cache counters (from `stats` records), cells reached,
+    output tok/s over the sweep point's wall span, latency percentiles."""
     if df.empty:
         return pd.DataFrame(columns=CONFIG_COLUMNS)
+    figures = cache_figures(stats)
+    blocks = df.dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
     rows = []
     for (pool, interval, conc), g in df.groupby(["pool", "interval", "concurrency"], dropna=False, sort=True):
         ok = g[g["class"] != "error"]
@@ -109,7 +134,14 @@ def configs_table(df: pd.DataFrame) -> pd.DataFrame:
         ends = (g["t_start"] + g["e2e"]).dropna()
         starts = g["t_start"].dropna()
         wall = float(ends.max() - starts.min()) if len(ends) and len(starts) else np.nan
-        row = {"pool": pool, "interval": interval, "concurrency": conc, **_class_counts(g),
+        crossed, restored = cells_reached(g)
+        drift = ok["drift"].dropna()
+        cache = figures.get((pool, _na(conc)), dict.fromkeys(CACHE_COUNTERS, UNKNOWN))
+        row = {"pool": pool, "variant": g["variant"].iloc[0], "interval": interval, "concurrency": conc,
+               **_class_counts(g), "flagged": int(g["class"].isin(FLAGGED).sum()),
+               "drift_max": float(drift.max()) if len(drift) else np.nan, **cache,
+               "cells_crossed": crossed, "cells_restored": restored,
+               "cells": len(cells(int(blocks[pool]))) if pool in blocks else np.nan,
                "completion_tokens": tokens, "wall_s": wall,
                "output_tok_s": tokens / wall if wall and wall > 0 else np.nan}
         for metric in ("ttft", "itl", "e2e"):
@@ -131,10 +163,11 @@ def requests_table(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def write_tables(df: pd.DataFrame, run_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """Write requests.csv, boundaries.csv and configs.csv into `run_dir`; return the three frames."""
+def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None = None) -> dict[str, pd.DataFrame]:
+    """Write requests.csv, boundaries.csv, configs.csv and coverage.csv into `run_dir`; return the frames."""
     run_dir = Path(run_dir)
-    tables = {"requests": requests_table(df), "boundaries": boundaries_table(df), "configs": configs_table(df)}
+    tables = {"requests": requests_table(df), "boundaries": boundaries_table(df),
+              "configs": configs_table(df, stats), "coverage": coverage_table(df)}
     for name, table in tables.items():
         table.to_csv(run_dir / f"{name}.csv", index=False, float_format="%.6g")
     return tables

@@ -1,10 +1,13 @@
-"""The frozen boundary suite: 56 two-turn sessions, 28 per track interval (128, 256).
+"""The frozen boundary suite: 68 two-turn sessions, 34 per track interval (128, 256).
 
 Per interval: turn-0 prompts at every offset -B..+1 around boundaries k*I
 (k = 1 and 2, different text), four prompts whose turn 0 spans 2-4 boundaries,
-and four controls that never reach a boundary. Turn 0 decodes past the next
-boundary (plus a margin); turn 1 appends a fixed suffix to turn 0's input and
-output, so it hits the radix entry that turn 0's tracked checkpoint created.
+four controls that never reach a boundary, and a shared-prefix group (a stem and
+five sessions whose prompts share a prefix of it ending at a checkpoint boundary,
+a page boundary, mid-page and below the first boundary), so the radix tree splits
+edges and matches stop at nodes with and without checkpoints. Turn 0 decodes past
+the next boundary (plus a margin); turn 1 appends a fixed suffix to turn 0's input
+and output, so it hits the radix entry that turn 0's tracked checkpoint created.
 
     python -m workloads.frozen --write      # regenerate workloads/data/frozen.jsonl
     python -m workloads.frozen --check      # exit 1 if the committed file and the generator differ
@@ -34,7 +37,19 @@ TURN1_MAX_NEW_TOKENS = 32
 # (k, offset): turn-0 prompt k*I + offset; with decoding, turn 0 spans 2, 3, 4 and 3 boundaries
 MULTI_CASES = ((2, -3), (3, -5), (4, -2), (2, 3))
 NUM_CONTROLS = 4
-GROUPS = ("offset", "multi", "control")
+GROUPS = ("offset", "multi", "control", "shared")
+PAGE = 16  # the built-in engine's default KV page size: radix edges split at multiples of it
+STEM_SHORT = 8  # the stem prompt ends this far below boundary 2I, so its turn 0 crosses 2I in a verify step
+# Shared-prefix group, in run order (at concurrency 1 each session sees the tree its predecessors left):
+# (name, shared prefix length(I), where the prefix ends, prompt length(I), turn-0 max_new_tokens(I) or None for
+# "decode past the next boundary")
+SHARED_CASES = (
+    ("ckpt", lambda i: i, "a checkpoint boundary (I)", lambda i: i + 40, lambda i: 24),
+    ("page", lambda i: i + PAGE, "a page boundary past I, no checkpoint", lambda i: i + 56, None),
+    ("mid", lambda i: i + 2 * PAGE + 5, "mid-page, mid-edge", lambda i: i + 60, None),
+    ("low", lambda i: i - PAGE - 8, "mid-page below the first boundary", lambda i: i + 8, lambda i: 24),
+    ("deep", lambda i: 2 * i - STEM_SHORT, "the stem's whole prompt", lambda i: 2 * i + 20, lambda i: 24),
+)
 
 
 def _offset_id(offset: int) -> str:
@@ -65,8 +80,8 @@ class _Builder:
         self.suffix_ids = tuple(BYTE_TOKENIZER.encode(TURN1_SUFFIX))
 
     def session(self, session_id: str, interval: int, group: str, targets: str, prompt_len: int,
-                max_new: int, meta: dict) -> Session:
-        text = self.cursor.take(prompt_len)
+                max_new: int, meta: dict, text: str | None = None) -> Session:
+        text = self.cursor.take(prompt_len) if text is None else text
         ids = tuple(BYTE_TOKENIZER.encode(text))
         assert len(ids) == prompt_len
         turns = (
@@ -135,15 +150,45 @@ def _control_sessions(b: _Builder, interval: int) -> list[Session]:
     return out
 
 
+def _shared_sessions(b: _Builder, interval: int) -> list[Session]:
+    # The stem's turn 0 inserts [0, 2I) with a checkpoint at 2I; each later session shares a prefix of the
+    # stem's prompt, so its match (or its insertion) stops inside that edge, where no checkpoint is.
+    stem_len = 2 * interval - STEM_SHORT
+    stem_text = b.cursor.take(stem_len)
+    stem_id = f"frozen-i{interval}-shared-stem"
+    out = [b.session(stem_id, interval, "shared",
+                     f"Shared-prefix stem: prompt of {stem_len} tokens; turn 0 crosses {2 * interval} in a verify "
+                     "step and inserts the edge the other sessions of the group share a prefix of.",
+                     stem_len, _turn0_max_new(stem_len, interval),
+                     {"shared_prefix_len": stem_len, "prefix_ends": "stem", "stem": stem_id,
+                      "next_boundary": 2 * interval}, text=stem_text)]
+    for name, shared, where, prompt, max_new in SHARED_CASES:
+        length, prompt_len = shared(interval), prompt(interval)
+        new = max_new(interval) if max_new else _turn0_max_new(prompt_len, interval)
+        rest = b.cursor.take(prompt_len - length)
+        while length < stem_len and rest[0] == stem_text[length]:  # the shared prefix must end exactly there
+            rest = b.cursor.take(prompt_len - length)
+        targets = (f"Prompt of {prompt_len} tokens sharing the stem's first {length} tokens (ending at {where}); "
+                   "its match stops inside the stem's edge and its insertion splits it there.")
+        meta = {"shared_prefix_len": length, "prefix_ends": where, "stem": stem_id,
+                "next_boundary": next_boundary(prompt_len, interval)}
+        out.append(b.session(f"frozen-i{interval}-shared-{name}", interval, "shared", targets, prompt_len, new,
+                             meta, text=stem_text[:length] + rest))
+    return out
+
+
 def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS,
                     block_size: int = DEFAULT_BLOCK_SIZE) -> list[Session]:
-    """The frozen suite, deterministically: offset cases, multi-boundary cases, controls per interval."""
+    """The frozen suite, deterministically: offset cases, multi-boundary cases, controls per interval, then the
+    shared-prefix group of every interval (last, so the other cases keep their text)."""
     b = _Builder(block_size)
     sessions: list[Session] = []
     for interval in intervals:
         sessions += _offset_sessions(b, interval)
         sessions += _multi_sessions(b, interval)
         sessions += _control_sessions(b, interval)
+    for interval in intervals:
+        sessions += _shared_sessions(b, interval)
     return sessions
 
 
@@ -195,6 +240,13 @@ def describe(sessions: list[Session]) -> str:
             lines.append(f"  control: {len(controls)} sessions, prompts "
                          f"{', '.join(str(s.prompt_len) for s in controls)}; longest session ends at {ends}, "
                          f"more than a block below boundary {interval}")
+        shared = [s for s in mine if s.group == "shared"]
+        if shared:
+            lines.append(f"  shared: {len(shared)} sessions sharing prefixes of the stem (in run order)")
+            lines.append(f"    {'session':<8}  {'shared':>6}  {'prompt':>6}  {'max_new':>7}  prefix ends at")
+            for s in shared:
+                lines.append(f"    {s.session_id.rsplit('-', 1)[1]:<8}  {s.meta['shared_prefix_len']:>6}  "
+                             f"{s.prompt_len:>6}  {s.turns[0].max_new_tokens:>7}  {s.meta['prefix_ends']}")
     requests = sum(len(s.turns) for s in sessions)
     per = ", ".join(f"{c} at I={i}" for i, c in sorted(Counter(s.interval for s in sessions).items()))
     lines.append(f"total: {len(sessions)} sessions ({per}), {requests} requests, "

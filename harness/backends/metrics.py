@@ -17,7 +17,8 @@ import aiohttp
 # counters worth keeping before and after a run (summed over label sets)
 COUNTERS = (
     "specgate_spec_verify_steps_total", "specgate_generation_tokens_total", "specgate_prompt_tokens_total",
-    "specgate_cached_tokens_total",
+    "specgate_cached_tokens_total", "specgate_checkpoint_evictions_total", "specgate_kv_evicted_pages_total",
+    "sglang:cached_tokens_total",
     "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
     "vllm:spec_decode_num_accepted_tokens_total", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total",

@@ -1,10 +1,11 @@
 """The release gate end to end: the frozen suite through Ray, the built-in engine and the analyzer.
 
-Clean engine: exit 0, no hard mismatch. `stale-seq-lens` (#37817): exit 1, and the hard
-mismatches are exactly the turns that restored a checkpoint their session's previous turn
-crossed inside a verify step. One interval and one concurrency level keep it CI-sized; the
-`small` preset is used because its linear state is long-lived enough for a stale
-checkpoint to change tokens (see tests/engine/test_faults.py).
+Clean engine: exit 0, nothing flagged. `stale-seq-lens` (#37817): exit 1, and the flagged
+requests (drift or hard) are exactly the turns that restored a checkpoint their session's
+previous turn crossed inside a verify step. One interval and one concurrency level keep it
+CI-sized. The trained default model is used: its noise floor (drift of requests that restored
+nothing, ~2e-5) sits far below the 1e-3 tolerance, where random weights' flat distributions come
+within 3x of it (4e-4 measured), which would make a clean run's verdict depend on batching luck.
 """
 
 import subprocess
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def _run(tmp_path, *extra):
     cmd = [sys.executable, "-m", "harness.run", "--suite", "frozen", "--intervals", "128", "--concurrency", "4",
-           "--model-path", "random", "--model-preset", "small", "--runs-dir", str(tmp_path), "--no-progress",
+           "--runs-dir", str(tmp_path), "--no-progress",
            "--num-cpus", "4", *extra]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     print(proc.stdout[-3000:], proc.stderr[-3000:])
@@ -32,10 +33,12 @@ def test_clean_engine_passes_the_gate(tmp_path):
     code, run_dir = _run(tmp_path)
     assert code == 0
     df = pd.read_csv(run_dir / "requests.csv")
-    assert len(df) == 56
-    assert (df["class"] == "hard").sum() == 0
-    assert (df["class"] == "error").sum() == 0
-    for name in ("boundaries.csv", "configs.csv", "report.html", "summary.md", "junit.xml"):
+    assert len(df) == 68
+    assert set(df["class"]) <= {"exact", "soft"}  # no drift, no hard mismatch, no error
+    assert df["drift"].max() < 1e-4 and (df["oracle"] == "logprob").all()  # the floor, 10x below the tolerance
+    configs = pd.read_csv(run_dir / "configs.csv")
+    assert int(configs.loc[0, "cache_hit_tokens"]) == int(df["cached_tokens"].sum()) > 0  # from /metrics
+    for name in ("boundaries.csv", "configs.csv", "coverage.csv", "report.html", "summary.md", "junit.xml"):
         assert (run_dir / name).exists(), name
 
 
@@ -43,16 +46,14 @@ def test_stale_seq_lens_fails_the_gate_at_the_verify_crossed_checkpoints(tmp_pat
     code, run_dir = _run(tmp_path, "--inject-fault", "stale-seq-lens")
     assert code == 1
     df = pd.read_csv(run_dir / "requests.csv")
-    hard = set(df.loc[df["class"] == "hard", "key"])
-    mismatched = set(df.loc[df["class"].isin(["hard", "soft"]), "key"])
+    flagged = set(df.loc[df["class"].isin(["drift", "hard"]), "key"])
     affected = set(df.loc[df["restored_verify_crossed"].fillna(False).astype(bool), "key"])
-    soft_affected = df.loc[df["key"].isin(affected - hard), ["key", "ref_margin"]]
-    print(f"hard {len(hard)}, restored a verify-crossed checkpoint {len(affected)}; soft among them:\n{soft_affected}")
+    print(f"flagged {len(flagged)}, restored a verify-crossed checkpoint {len(affected)}")
     assert len(affected) >= 20  # every offset/multi case whose turn 1 crossed a boundary while decoding
-    # every mismatch is one of those turns, and every one of those turns mismatches ...
-    assert mismatched == affected
-    # ... hard unless the stale state only flipped a low-margin token (random weights: a few do)
-    assert hard <= affected and len(hard) >= 0.8 * len(affected)
-    assert (soft_affected["ref_margin"] < 0.5).all()
+    # every one of those turns is flagged (drift when the tokens survived the stale state), and nothing else;
+    # none is exact or soft
+    assert flagged == affected
+    assert set(df.loc[df["key"].isin(affected), "class"]) <= {"drift", "hard"}
     b = pd.read_csv(run_dir / "boundaries.csv")
-    assert b.loc[b["boundary_kind"] == "restored_verify", "hard"].sum() == len(hard)
+    rv = b[b["boundary_kind"] == "restored_verify"]
+    assert int((rv["hard"] + rv["drift"]).sum()) == len(flagged)

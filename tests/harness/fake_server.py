@@ -13,7 +13,8 @@ Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
 (answer the settings endpoints with a recorded payload instead of the fake's own), `--info-paths`
 (which of /server_info, /get_server_info exist), `--v1-models` (also answer GET /v1/models, as an
 OpenAI-compatible server does), `--incremental` (stream only what is new in each chunk and say so in
-/server_info, as the built-in engine does).
+/server_info, as the built-in engine does), `--metrics` (serve GET /metrics
+with a `specgate_cached_tokens_total` counter only: the eviction counters stay unexposed).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class FakeServer:
         self.running = 0
         self.failures_left = args.fail_first
         self.spec = args.speculative_algorithm == "DFLASH"
+        self.cached_total = 0
 
     def info(self) -> dict:
         a = self.args
@@ -119,6 +121,12 @@ class FakeServer:
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.args.model_path, "object": "model"}]})
+    async def metrics(self, request: web.Request) -> web.Response:
+        if not self.args.metrics:
+            return web.Response(status=404, text="not found")
+        return web.Response(text="# HELP specgate_cached_tokens_total Prompt tokens served from the radix cache.\n"
+                                 "# TYPE specgate_cached_tokens_total counter\n"
+                                 f"specgate_cached_tokens_total {float(self.cached_total)}\n")
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.running:
@@ -142,6 +150,7 @@ class FakeServer:
             return web.json_response({"error": "injected failure"}, status=503)
         n = int(body.get("sampling_params", {}).get("max_new_tokens", 16))
         cached = self.cached_len(ids)
+        self.cached_total += cached
         out = fake_tokens(ids, n, fault=bool(self.args.inject_fault) and cached > 0)
         self.running += 1
         try:
@@ -203,6 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--info-paths", default="/server_info")
     p.add_argument("--v1-models", action="store_true")
     p.add_argument("--incremental", action="store_true")
+    p.add_argument("--metrics", action="store_true")
     return p.parse_args(argv)
 
 
@@ -216,6 +226,7 @@ def make_app(args: argparse.Namespace) -> web.Application:
         app.router.add_get("/v1/models", server.models)
     app.router.add_post("/flush_cache", server.flush_cache)
     app.router.add_post("/generate", server.generate)
+    app.router.add_get("/metrics", server.metrics)
     return app
 
 

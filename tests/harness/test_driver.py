@@ -170,6 +170,9 @@ def test_resume_sends_nothing_twice_and_rebuilds_from_recorded_output(tmp_path):
     assert not set(sent_keys) & ({r["key"] for r in kept} | {json.loads(ref_lines[0])["key"]})
     turn1 = next(r for r in recs if r["key"] == kept[0]["key"][:-1] + "1")
     assert turn1["input_ids"] == kept[0]["input_ids"] + [65, 66, 67] + list(SUFFIX)
+    # the cache counters of a resumed sweep point cover only what this process sent, and say so
+    partial = {s["concurrency"]: s["partial"] for s in load_run(part).stats}
+    assert partial == {kept[0]["concurrency"]: True, 3 - kept[0]["concurrency"]: False}
 
 
 def test_api_key_is_sent(tmp_path):
@@ -180,3 +183,27 @@ def test_api_key_is_sent(tmp_path):
                        ("--api-key", "k"), ("--api-key", "k"))
     assert ok.errors == 0 and bad.errors == 1
     assert "HTTP 401" in next(r for r in read_lines(tmp_path / "bad") if r["role"] == "candidate")["error"]
+
+
+def test_cache_counters_per_sweep_point_and_replica(tmp_path):
+    """A stats record per sweep point and replica: /metrics differences; unexposed counters are None."""
+    sessions = make_sessions(4)
+    run_dir = tmp_path / "run"
+    with_servers(tmp_path, 2, lambda c, r: drive(run_dir, sessions, c, r), cand_extra=("--metrics",))
+    run = load_run(run_dir)
+    assert sorted(s["key"] for s in run.stats) == [f"stats/i{INTERVAL}-c{c}/i{INTERVAL}-r{k}"
+                                                   for c in (1, 2) for k in (0, 1)]
+    for s in run.stats:
+        served = sum(r["cached_tokens"] for r in run.candidates
+                     if r["concurrency"] == s["concurrency"] and r["replica_id"] == s["replica_id"])
+        assert served > 0
+        assert s["counters"] == {"cache_hit_tokens": served, "checkpoint_evictions": None, "kv_evicted_pages": None}
+        assert s["partial"] is False and s["t_end"] >= s["t_start"]
+
+
+def test_cache_counters_are_unknown_without_metrics(tmp_path):
+    sessions = make_sessions(2)
+    run_dir = tmp_path / "run"
+    with_servers(tmp_path, 1, lambda c, r: drive(run_dir, sessions, c, r, concurrency=(1,)))
+    (stats,) = load_run(run_dir).stats
+    assert stats["counters"] == {"cache_hit_tokens": None, "checkpoint_evictions": None, "kv_evicted_pages": None}

@@ -80,9 +80,17 @@ def write_run(run_dir: Path, records: list[dict], config: dict | None = None) ->
 
 def pair(input_ids: list[int], cand_out: list[int], ref_out: list[int] | None = None,
          margins: dict[int, float] | None = None, **cand_kwargs) -> list[dict]:
-    """A candidate and its reference (ref_out defaults to the candidate's output: exact)."""
+    """A candidate and its reference (ref_out defaults to the candidate's output: exact).
+
+    Where the tokens differ, the candidate's top-2 is its token and the reference's, the latter at the
+    reference's own log-prob: no drift at the flip, so the reference's margin decides (a numerics flip).
+    """
     ref_out = cand_out if ref_out is None else ref_out
-    return [candidate(input_ids, cand_out, **cand_kwargs), reference(input_ids, ref_out, margins=margins)]
+    cand = candidate(input_ids, cand_out, **cand_kwargs)
+    for p, (a, b) in enumerate(zip(cand_out, ref_out, strict=False)):
+        if a != b and a != 32:
+            cand["output_top_logprobs"][p] = [[-0.25, a], [-0.25, b]]
+    return [cand, reference(input_ids, ref_out, margins=margins)]
 
 
 def spec_trace(input_len: int, n_out: int, commits: list[int], interval: int, fault: bool) -> list[list[int]]:
@@ -119,7 +127,7 @@ def synthetic_run(run_dir: Path, fault: bool, intervals=(128, 256), concurrencie
                 cand1 = [200 + j % 5 for j in range(12)] if stale else list(ref1)
                 margins = {}
                 if s >= 4 - soft_sessions and not stale:
-                    cand1[5] = 33
+                    cand1[5] = 33  # a numerics flip: no drift before it, none measurable at it (see pair)
                     margins = {5: 0.125}
                 cached = interval
                 records += pair(p1, cand1, ref1, margins=margins, pool=pool, interval=interval, concurrency=conc,

@@ -14,13 +14,13 @@ def frame(exact=0, soft=0, hard=0, error=0) -> pd.DataFrame:
 def test_clean_run_passes():
     v = evaluate(frame(exact=10))
     assert (v.passed, v.exit_code, v.reasons) == (True, 0, [])
-    assert v.headline == "PASS: 0 hard mismatches (0/10 requests), 0 errors, 0 soft (0.0%)"
+    assert v.headline == "PASS: 0 hard mismatches, 0 drift (0/10 requests), 0 errors, 0 soft (0.0%)"
 
 
 def test_any_hard_mismatch_fails_by_default():
     v = evaluate(frame(exact=86, soft=2, hard=24))
     assert (v.passed, v.exit_code) == (False, 1)
-    assert v.headline == "FAIL: 24 hard mismatches (24/112 requests), 0 errors, 2 soft (1.8%)"
+    assert v.headline == "FAIL: 24 hard mismatches, 0 drift (24/112 requests), 0 errors, 2 soft (1.8%)"
     assert v.reasons == ["24 hard mismatches > allowed 0"]
     assert (v.requests, v.exact, v.soft, v.hard, v.errors) == (112, 86, 2, 24, 0)
 
@@ -44,7 +44,7 @@ def test_soft_rate_exactly_at_the_limit_passes_and_above_fails():
 def test_errors_fail_unless_allowed():
     v = evaluate(frame(exact=5, error=1))
     assert (v.passed, v.exit_code, v.reasons) == (False, 1, ["1 request errors > allowed 0"])
-    assert v.headline == "FAIL: 0 hard mismatches (0/6 requests), 1 error, 0 soft (0.0%)"
+    assert v.headline == "FAIL: 0 hard mismatches, 0 drift (0/6 requests), 1 error, 0 soft (0.0%)"
     assert evaluate(frame(exact=5, error=1), GateThresholds(max_errors=1)).passed
 
 
@@ -65,3 +65,24 @@ def test_thresholds_from_config_and_overrides():
     t = GateThresholds.from_config(cfg, max_hard=None, max_errors=3, max_soft_rate=0.1)
     assert t == GateThresholds(max_hard=5, max_errors=3, max_soft_rate=0.1, margin_threshold=0.25)
     assert GateThresholds.from_config({}) == GateThresholds()
+
+
+def drift_frame(exact=0, drift=0, hard=0) -> pd.DataFrame:
+    return pd.DataFrame({"class": ["exact"] * exact + ["drift"] * drift + ["hard"] * hard})
+
+
+def test_drift_counts_like_hard_by_default():
+    v = evaluate(drift_frame(exact=90, drift=10))
+    assert (v.passed, v.exit_code, v.drift, v.hard, v.flagged) == (False, 1, 10, 0, 10)
+    assert v.reasons == ["10 requests with log-prob drift (same tokens, drift > 0.001) > allowed 0"]
+    assert v.headline == "FAIL: 0 hard mismatches, 10 drift (10/100 requests), 0 errors, 0 soft (0.0%)"
+    assert evaluate(drift_frame(exact=90, drift=10), GateThresholds(max_drift=10)).passed
+    both = evaluate(drift_frame(exact=1, drift=2, hard=3))
+    assert both.headline == "FAIL: 3 hard mismatches, 2 drift (5/6 requests), 0 errors, 0 soft (0.0%)"
+    assert len(both.reasons) == 2
+
+
+def test_drift_thresholds_from_config():
+    t = GateThresholds.from_config({"gate": {"drift_tolerance": "0.05", "max_drift": 2}}, max_drift=None)
+    assert (t.drift_tolerance, t.max_drift) == (0.05, 2)
+    assert GateThresholds.from_config({}, drift_tolerance=0.2).drift_tolerance == 0.2

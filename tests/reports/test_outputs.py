@@ -13,7 +13,7 @@ import pytest
 from reports.analyze import analyze, empty_frame
 from reports.plots import PLOT_FILES, write_plots
 from reports.tables import boundaries_table, configs_table
-from tests.reports.factory import candidate, pair, prompt, synthetic_run, write_run
+from tests.reports.factory import candidate, pair, prompt, reference, synthetic_run, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 XSS = "<script>alert(1)</script>"
@@ -36,7 +36,7 @@ def test_cli_fails_the_gate_with_exit_1(fault_run):
     run_dir, proc = fault_run
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0] == "FAIL: 4 hard mismatches (4/33 requests), 1 error, 4 soft (12.1%)"
+    assert lines[0] == "FAIL: 4 hard mismatches, 0 drift (4/33 requests), 1 error, 4 soft (12.1%)"
     assert lines[-1] == f"report: {run_dir / 'report.html'}"
     for name in ("requests.csv", "boundaries.csv", "configs.csv", "report.html", "summary.md", "junit.xml"):
         assert (run_dir / name).is_file(), name
@@ -47,7 +47,7 @@ def test_cli_passes_with_exit_0_and_threshold_flags(tmp_path):
     run_dir = synthetic_run(tmp_path / "clean", fault=False, intervals=(256,), concurrencies=(1,), soft_sessions=1)
     proc = render_cli(run_dir, "--max-soft-rate", "0.2")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0] == "PASS: 0 hard mismatches (0/8 requests), 0 errors, 1 soft (12.5%)"
+    assert proc.stdout.splitlines()[0] == "PASS: 0 hard mismatches, 0 drift (0/8 requests), 0 errors, 1 soft (12.5%)"
 
 
 def test_cli_exits_2_without_records(tmp_path):
@@ -107,8 +107,8 @@ def test_html_is_self_contained_verdict_first_and_escaped(fault_run):
 def test_summary_has_the_verdict(fault_run):
     run_dir, _ = fault_run
     text = (run_dir / "summary.md").read_text()
-    assert text.splitlines()[2] == "**FAIL: 4 hard mismatches (4/33 requests), 1 error, 4 soft (12.1%)**"
-    assert "of which hard: 4" in text
+    assert text.splitlines()[2] == "**FAIL: 4 hard mismatches, 0 drift (4/33 requests), 1 error, 4 soft (12.1%)**"
+    assert "of which flagged (hard or drift): 4" in text
 
 
 def test_plots_render_with_zero_mismatches_and_no_spec_data(tmp_path):
@@ -124,3 +124,33 @@ def test_plots_render_with_zero_mismatches_and_no_spec_data(tmp_path):
     empty = empty_frame()
     paths = write_plots(empty, boundaries_table(empty), configs_table(empty), tmp_path / "empty")
     assert sorted(p.name for p in paths.values()) == sorted(PLOT_FILES.values())
+
+
+def test_diagnosis_comes_first_and_the_drift_floor_has_its_section(fault_run):
+    run_dir, _ = fault_run
+    page = (run_dir / "report.html").read_text()
+    assert page.index('class="verdict fail"') < page.index('class="diag"') < page.index('class="figures"')
+    assert "The evidence points at the restored checkpoints" in page
+    assert page.index("Log-prob drift and the noise floor") < page.index("Per-boundary results")
+    assert "Boundary-case coverage" in page and "Cache pressure: checkpoint evictions: unknown" in page
+    assert (run_dir / "coverage.csv").is_file()
+
+
+def test_drift_is_a_junit_failure_and_a_worst_case(tmp_path):
+    from reports.junit import junit_tree
+    from tests.reports.test_oracle import drifted
+
+    p = prompt(300)
+    cand, ref = drifted(candidate(p, [65] * 8, session_id="d", turn=1, cached_tokens=256), {0: 0.7}), \
+        reference(p, [65] * 8)
+    write_run(tmp_path, [cand, ref])
+    proc = render_cli(tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[0] == "FAIL: 0 hard mismatches, 1 drift (1/1 requests), 0 errors, 0 soft (0.0%)"
+    df = pd.read_csv(tmp_path / "requests.csv")
+    assert (df.loc[0, "class"], df.loc[0, "onset_points_at"]) == ("drift", "restored_checkpoint")
+    root = junit_tree(analyze([cand], {ref["input_hash"]: ref})).getroot()
+    failure = root.find(".//failure")
+    assert failure.get("type") == "drift" and "log-prob drift 0.7, from output index 0" in failure.get("message")
+    page = (tmp_path / "report.html").read_text()
+    assert 'class="case drift"' in page and "points at the restored checkpoint" in page

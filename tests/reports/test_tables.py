@@ -9,7 +9,7 @@ import pytest
 
 from reports.analyze import analyze
 from reports.tables import BOUNDARY_COLUMNS, CONFIG_COLUMNS, boundaries_table, configs_table, write_tables
-from tests.reports.factory import pair, prompt
+from tests.reports.factory import candidate, pair, prompt, reference
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,30 @@ def test_empty_tables_have_columns():
     df = analyze([], {})
     assert list(boundaries_table(df).columns) == BOUNDARY_COLUMNS
     assert list(configs_table(df).columns) == CONFIG_COLUMNS
+
+
+def test_boundaries_count_drift_and_onset_at_restore():
+    from tests.reports.test_oracle import drifted
+
+    p0 = prompt(250)
+    p1 = p0 + list(range(65, 81)) + prompt(10, 5)
+    records = [drifted(candidate(p1, [70] * 8, session_id="s", turn=1, cached_tokens=256), {0: 0.5}),
+               reference(p1, [70] * 8)]
+    cands = [r for r in records if r["role"] == "candidate"]
+    b = boundaries_table(analyze(cands, {records[1]["input_hash"]: records[1]}))
+    got = {r["boundary_kind"]: (r["offset"], r["drift"], r["drift_rate"], r["onset_at_restore"])
+           for r in b.to_dict("records")}
+    assert got == {"restored": (20, 1, 1.0, 1), "prompt": (20, 1, 1.0, 1), "drift_onset": (20, 1, 1.0, 1)}
+
+
+def test_configs_table_sums_cache_counters_and_says_unknown(df):
+    stats = [{"pool": "i256", "concurrency": 1, "counters": {"cache_hit_tokens": 256, "checkpoint_evictions": 2,
+                                                             "kv_evicted_pages": None}},
+             {"pool": "i256", "concurrency": 1, "counters": {"cache_hit_tokens": 128, "checkpoint_evictions": 0,
+                                                             "kv_evicted_pages": 4}}]
+    r = configs_table(df, stats).iloc[0].to_dict()
+    assert (r["cache_hit_tokens"], r["checkpoint_evictions"], r["kv_evicted_pages"]) == (384, 2, "unknown")
+    assert (r["variant"], r["flagged"], r["drift"], r["drift_max"]) == ("full", 1, 0, 0.0)
+    assert (r["cells_crossed"], r["cells_restored"], r["cells"]) == (1, 1, 36)
+    none = configs_table(df).iloc[0].to_dict()  # no stats records (an older run, or no /metrics)
+    assert none["cache_hit_tokens"] == none["checkpoint_evictions"] == "unknown"

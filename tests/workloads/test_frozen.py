@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from workloads.schema import DEFAULT_BLOCK_SIZE, MAX_TURN0_TOKENS, dumps_jsonl
 REPO_ROOT = Path(__file__).resolve().parents[2]
 INTERVALS = (128, 256)
 B = DEFAULT_BLOCK_SIZE
+FIRST_56_SHA = "d9ba4d32b17b369d"  # the 56 sessions before the shared-prefix group was added
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def test_check_fails_on_truncated_copy(tmp_path, capsys):
     short = tmp_path / "short.jsonl"
     short.write_text("".join(lines[:-1]), encoding="utf-8")
     assert main(["--check", "--file", str(short)]) == 1
-    assert "55 lines, the generator writes 56" in capsys.readouterr().err
+    assert "67 lines, the generator writes 68" in capsys.readouterr().err
 
 
 def test_write_reproduces_committed_bytes(tmp_path):
@@ -74,19 +76,20 @@ def test_describe_prints_coverage(capsys):
     assert main(["--describe"]) == 0
     out = capsys.readouterr().out
     for interval in INTERVALS:
-        assert f"interval {interval}: 28 sessions (offset 20, multi 4, control 4)" in out
+        assert f"interval {interval}: 34 sessions (offset 20, multi 4, control 4, shared 6)" in out
     assert "boundaries spanned by turn 0 (multi): 2:1 3:2 4:1" in out
     assert "      -8      2  120, 248          24, 24" in out
-    assert "total: 56 sessions (28 at I=128, 28 at I=256), 112 requests" in out
+    assert "    mid          165     188       84  mid-page, mid-edge" in out
+    assert "total: 68 sessions (34 at I=128, 34 at I=256), 136 requests" in out
 
 
 def test_counts_per_interval_and_group(suite):
-    assert len(suite) == 56
-    assert len({s.session_id for s in suite}) == 56
+    assert len(suite) == 68
+    assert len({s.session_id for s in suite}) == 68
     for interval in INTERVALS:
         mine = [s for s in suite if s.interval == interval]
-        assert len(mine) == 28
-        assert Counter(s.group for s in mine) == {"offset": 20, "multi": 4, "control": 4}
+        assert len(mine) == 34
+        assert Counter(s.group for s in mine) == {"offset": 20, "multi": 4, "control": 4, "shared": 6}
         assert all(s.suite == "frozen" and len(s.turns) == 2 and s.targets for s in mine)
 
 
@@ -104,7 +107,7 @@ def test_every_offset_at_two_boundaries(suite, interval):
 
 def test_turn0_decoding_crosses_the_next_boundary(suite):
     for s in suite:
-        if s.group == "control":
+        if s.group == "control" or s.group == "shared" and s.turns[0].max_new_tokens == 24:
             continue
         nb = next_boundary(s.prompt_len, s.interval)
         assert s.turns[0].max_new_tokens == nb - s.prompt_len + 16 <= 300
@@ -148,9 +151,36 @@ def test_tokens_are_the_texts_encoding(suite):
         assert t0.suffix_ids is None and t1.input_ids is None and t1.text is None
         assert (t1.suffix_text, t1.suffix_ids, t1.max_new_tokens) == (TURN1_SUFFIX, suffix_ids, 32)
         texts.add(t0.text)
-    assert len(texts) == 56  # every case has its own text
+    assert len(texts) == 68  # every case has its own text
 
 
 def test_lengths_fit_the_context(suite):
     assert max(s.prompt_len for s in suite) == 1022 <= MAX_TURN0_TOKENS
     assert max(s.max_total_tokens() for s in suite) <= 2048
+
+
+@pytest.mark.parametrize("interval", INTERVALS)
+def test_shared_prefix_group_ends_each_prefix_where_it_says(suite, interval):
+    shared = [s for s in suite if s.interval == interval and s.group == "shared"]
+    assert [s.session_id.rsplit("-", 1)[1] for s in shared] == ["stem", "ckpt", "page", "mid", "low", "deep"]
+    stem = shared[0].turns[0].input_ids
+    assert len(stem) == 2 * interval - 8
+    lengths = {"ckpt": interval, "page": interval + 16, "mid": interval + 37, "low": interval - 24,
+               "deep": 2 * interval - 8}
+    for s in shared[1:]:
+        ids = s.turns[0].input_ids
+        common = next((i for i, (a, b) in enumerate(zip(ids, stem, strict=False)) if a != b),
+                      min(len(ids), len(stem)))
+        name = s.session_id.rsplit("-", 1)[1]
+        assert common == s.meta["shared_prefix_len"] == lengths[name]
+        assert len(ids) > common and s.meta["stem"] == shared[0].session_id
+    # the prefix ends: on boundary I, on a page boundary past it, mid-page, mid-page below I, the stem's end
+    assert [(lengths[n] % interval, lengths[n] % 16) for n in ("ckpt", "page", "mid", "low")] == [
+        (0, 0), (16, 0), (37, 5), (interval - 24, 8)]
+
+
+def test_the_first_56_sessions_kept_their_text():
+    """Adding the shared group must not move the other cases' prompts (it is generated last)."""
+    lines = FROZEN_PATH.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x)["group"] for x in lines[:56]].count("shared") == 0
+    assert hashlib.sha256("\n".join(lines[:56]).encode()).hexdigest()[:16] == FIRST_56_SHA

@@ -26,7 +26,7 @@ def _session(**over):
 
 
 def test_list_suites():
-    assert list_suites() == ["frozen", "load"]
+    assert list_suites() == ["frozen", "load", "cover"]
 
 
 def test_valid_user_file_loads(tmp_path):

@@ -1,0 +1,148 @@
+"""The sections of report.html above the worst cases, one function each, in page order."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from records.schema import CACHE_COUNTERS
+from reports.coverage import coverage_summary
+from reports.diagnosis import Diagnosis, NoiseFloor
+from reports.gate import Verdict
+from reports.html_base import esc, table
+from reports.tables import UNKNOWN
+
+MAX_BOUNDARY_ROWS = 80
+
+
+def verdict_header(verdict: Verdict, config: dict) -> str:
+    """PASS/FAIL, the headline, the reasons (or the thresholds that held) and the oracle's settings."""
+    word = "PASS" if verdict.passed else "FAIL"
+    t = verdict.thresholds
+    if verdict.reasons:
+        items = "".join(f"<li>{esc(r)}</li>" for r in verdict.reasons)
+    else:
+        items = (f"<li>all gate checks passed: hard &le; {t.max_hard}, drift &le; {t.max_drift}, errors &le; "
+                 f"{t.max_errors}, soft &le; {100 * t.max_soft_rate:.1f}% of requests</li>")
+    suite = config.get("suite") or config.get("run_config", {}).get("suite", "")
+    meta = (f"run {esc(config.get('run_id', ''))} &middot; suite {esc(suite)} &middot; drift = log-prob "
+            f"difference &gt; {t.drift_tolerance:g} with the same tokens &middot; soft = reference top-1/top-2 "
+            f"margin &lt; {t.margin_threshold:g} at the first divergence, no drift before or at it")
+    return (f'<header class="verdict {word.lower()}"><div class="word">{word}</div>'
+            f'<div class="headline">{esc(verdict.headline)}</div><ul>{items}</ul>'
+            f'<div class="meta">{meta}</div></header>')
+
+
+def diagnosis_section(diagnosis: Diagnosis) -> str:
+    """The first section: which subsystem the evidence points at, and the per-pool counts behind it."""
+    items = "".join(f"<li>{esc(e)}</li>" for e in diagnosis.evidence)
+    tbl = table(diagnosis.table, left=("variant",)) if diagnosis.table is not None and len(diagnosis.table) else ""
+    return (f'<section class="diag"><div class="k">Diagnosis</div><div class="what">{esc(diagnosis.headline)}'
+            f"</div><ul>{items}</ul>{tbl}</section>")
+
+
+def key_figures(df: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict) -> str:
+    """The row of big numbers under the verdict."""
+    figs = [("requests", verdict.requests, ""), ("exact", verdict.exact, "exact"),
+            ("hard", verdict.hard, "hard"), ("drift", verdict.drift, "drift"),
+            ("soft", f"{verdict.soft} ({100 * verdict.soft_rate:.1f}%)", "soft"), ("errors", verdict.errors, "error")]
+    restored = df[df["restored_verify_crossed"]] if len(df) else df
+    if len(restored):
+        flagged = int(restored["class"].isin(["hard", "drift"]).sum())
+        figs.append(("flagged among turns restoring a verify-crossed checkpoint", f"{flagged}/{len(restored)}",
+                     "hard"))
+    intervals = sorted(int(i) for i in df["interval"].dropna().unique()) if len(df) else []
+    figs.append(("intervals", ", ".join(map(str, intervals)) or "-", ""))
+    concs = sorted(int(c) for c in df["concurrency"].dropna().unique()) if len(df) else []
+    figs.append(("concurrency", ", ".join(map(str, concs)) or "-", ""))
+    faults = sorted({str(f) for f in df["fault"].dropna().unique()}) if len(df) else []
+    if faults:
+        figs.append(("injected fault", ", ".join(faults), "error"))
+    if len(configs) and configs["output_tok_s"].notna().any():
+        figs.append(("peak output tok/s", f"{configs['output_tok_s'].max():.1f}", ""))
+    accept = df["spec_accept_length"].dropna() if len(df) else []
+    if len(accept):
+        figs.append(("mean accept length", f"{accept.mean():.2f}", ""))
+    cells = "".join(f'<div class="fig {cls}"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
+                    for k, v, cls in figs)
+    return f'<section class="figures">{cells}</section>'
+
+
+def floor_section(floor: NoiseFloor, plot: str) -> str:
+    """The observed noise floor beside the tolerance, with the drift histogram."""
+    if floor.max is None:
+        text = ("<p>No request that restored nothing has a measured drift, so there is no observed floor "
+                f"to set beside the tolerance {floor.tolerance:g}.</p>")
+    else:
+        text = (f"<p>Requests that restored nothing (<code>cached_tokens = 0</code>, {floor.requests}) drift by "
+                f"at most <b>{floor.max:.3g}</b> (median {floor.p50:.3g}, p99 {floor.p99:.3g}): that is the "
+                f"engine's numerics. Tolerance: <b>{floor.tolerance:g}</b>, "
+                f"{floor.tolerance / floor.max if floor.max > 0 else float('inf'):.3g}x the floor.</p>")
+    if floor.too_close:
+        text += '<p class="warn">The floor is within 10x of the tolerance (see the warnings above).</p>'
+    if floor.unmeasured:
+        text += (f'<p class="warn">{floor.unmeasured} request(s) have no log-probs on both sides: the margin rule '
+                 "alone classified them.</p>")
+    return "<h2>Log-prob drift and the noise floor</h2>" + text + plot
+
+
+def boundaries_section(boundaries: pd.DataFrame) -> str:
+    """The per-boundary table (only rows with a mismatch, drift or error when it is long)."""
+    intro = ("<p>Each request is attributed to boundaries of several kinds (see docs/reports.md): "
+             "<code>restored</code> (offset = tokens prefilled after the restored checkpoint), "
+             "<code>restored_verify</code> (the restored checkpoint was crossed in the previous turn's verify "
+             "step <i>offset</i> with that commit length), <code>crossed_verify</code> (own verify crossings), "
+             "<code>prompt</code>, <code>drift_onset</code> and <code>divergence</code> (offset to the nearest "
+             "boundary). <code>onset_at_restore</code>: requests that restored a checkpoint and left the reference "
+             "from their first output token, which points at the restored checkpoint.</p>")
+    if boundaries.empty:
+        return "<h2>Per-boundary results</h2>" + intro + "<p>No boundary attributions (no track interval).</p>"
+    shown, note = boundaries, ""
+    if len(boundaries) > MAX_BOUNDARY_ROWS:
+        bad = boundaries[(boundaries["hard"] + boundaries["drift"] + boundaries["soft"] + boundaries["error"]) > 0]
+        shown = bad.head(MAX_BOUNDARY_ROWS)
+        note = (f"<p>Showing {len(shown)} of {len(boundaries)} rows (those with a mismatch, drift or error); "
+                f"every row is in <code>boundaries.csv</code>.</p>")
+
+    def row_class(r):
+        return "hot" if r["hard"] or r["drift"] else ("warm" if r["soft"] or r["error"] else "")
+
+    return "<h2>Per-boundary results</h2>" + intro + note + table(shown, left=("boundary_kind",), row_class=row_class)
+
+
+def coverage_section(coverage: pd.DataFrame, plot: str) -> str:
+    """Cells (verify step holding the boundary, commit length) crossed and restored, per interval."""
+    summary = coverage_summary(coverage) if len(coverage) else []
+    if not summary:
+        return ("<h2>Boundary-case coverage</h2><p>No verify crossings were reported (no <code>spec_trace</code>), "
+                "so the (step, commit length) cells reached are unknown.</p>")
+    items = "".join(f"<li>interval {s['interval']}: {s['crossed']}/{s['cells']} cells crossed in a verify step, "
+                    f"{s['restored']}/{s['cells']} restored by a later turn, {s['restored_flagged']} restored cells "
+                    "with a flagged request</li>" for s in summary)
+    return ("<h2>Boundary-case coverage</h2><p>Which (verify step holding the boundary, commit length) cells the run "
+            "reached (<code>coverage.csv</code>); <code>--cover</code> forces every cell on the built-in engine."
+            f"</p><ul>{items}</ul>" + plot)
+
+
+def sweep_section(configs: pd.DataFrame) -> str:
+    """The sweep points, with a sentence on cache pressure (evictions) above them."""
+    if not len(configs):
+        return "<h2>Sweep points</h2><p>none</p>"
+    return "<h2>Sweep points</h2>" + f"<p>{esc(cache_pressure_text(configs))}</p>" + table(configs, left=("pool",))
+
+
+def cache_pressure_text(configs: pd.DataFrame) -> str:
+    """One sentence: were checkpoints or KV pages evicted, at which sweep points, or is it unknown."""
+    parts = []
+    for name, what in zip(CACHE_COUNTERS[1:], ("checkpoint evictions", "KV page evictions"), strict=True):
+        values = configs[name]
+        known = values[values != UNKNOWN]
+        if not len(known):
+            parts.append(f"{what}: unknown (the servers do not expose them)")
+            continue
+        total = int(pd.to_numeric(known).sum())
+        hit = int((pd.to_numeric(known) > 0).sum())
+        unknown = len(values) - len(known)
+        parts.append(f"{what}: none at any sweep point" if total == 0 and not unknown else
+                     f"{what}: {total} at {hit} of {len(values)} sweep points"
+                     + (f" ({unknown} unknown)" if unknown else ""))
+    return "Cache pressure: " + "; ".join(parts) + "."

@@ -1,0 +1,91 @@
+"""Figures of the oracle's footing: the drift noise floor beside the tolerance, and the boundary-case coverage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from reports.coverage import coverage_summary
+from reports.oracle import FLAGGED
+from reports.plot_style import DRIFT, HARD, empty, figure, save
+
+ZERO_AT = 1e-9  # where a drift of exactly 0 is drawn on the log axis
+
+
+def drift_floor(df: pd.DataFrame, tolerance: float | None, path: Path) -> Path:
+    """Histogram (log x) of the drift of requests that restored nothing (the floor), of the other unflagged
+    requests and of the flagged ones, with the tolerance and the 10x warning margin marked."""
+    fig, axes = figure(1, 1, row_height=3.8)
+    ax = axes[0, 0]
+    ax.set_title("Log-prob drift: the observed noise floor beside the tolerance", fontweight="bold")
+    measured = df[df["drift"].notna()] if len(df) else df
+    if not len(measured):
+        empty(ax, "no drift measured (no candidate requests with log-probs on both sides)")
+        return save(fig, path)
+    values = measured["drift"].astype(float).clip(lower=ZERO_AT)
+    flagged = measured["class"].isin(FLAGGED)
+    floor = (measured["cached_tokens"] == 0) & ~flagged
+    top = max(float(values.max()), tolerance or 0.0, 1.0) * 3
+    bins = np.logspace(np.log10(ZERO_AT) - 0.1, np.log10(top), 60)
+    series = [("restored nothing: the noise floor", floor, "#757575"),
+              ("restored a checkpoint, not flagged", ~floor & ~flagged, "#1e88e5"),
+              ("flagged (drift or hard)", flagged, HARD)]
+    for label, mask, color in series:
+        if mask.any():
+            ax.hist(values[mask], bins=bins, histtype="stepfilled", alpha=0.55, color=color,
+                    label=f"{label} ({int(mask.sum())})")
+    if tolerance:
+        ax.axvline(tolerance, color=DRIFT, linewidth=2, label=f"tolerance {tolerance:g}")
+        ax.axvline(tolerance / 10, color=DRIFT, linewidth=1, linestyle=":", label="tolerance / 10 (warning)")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"max |candidate - reference| log-prob over the common prefix (0 drawn at {ZERO_AT:g})")
+    ax.set_ylabel("requests")
+    ax.legend(fontsize=8, loc="upper center")
+    return save(fig, path)
+
+
+def _grid(ax, cells: pd.DataFrame, column: str, flagged: str | None, title: str, block: int) -> None:
+    counts = np.full((block, block), np.nan)  # [commit_len - 1, step]
+    for r in cells.to_dict("records"):
+        counts[r["commit_len"] - 1, r["step"]] = r[column]
+    extent = (-0.5, block - 0.5, 0.5, block + 0.5)
+    impossible = np.fromfunction(lambda c, s: s > c, (block, block))
+    ax.imshow(np.where(impossible, 1.0, np.nan), cmap="Greys", vmin=0, vmax=4, origin="lower", aspect="auto",
+              extent=extent)
+    reached = np.where(counts > 0, 1.0, np.where(np.isnan(counts), np.nan, 0.0))
+    ax.imshow(reached, cmap="RdYlGn", vmin=-0.3, vmax=1.3, origin="lower", aspect="auto", extent=extent, alpha=0.6)
+    for r in cells.to_dict("records"):
+        text = str(int(r[column]))
+        bad = int(r[flagged]) if flagged else 0
+        if bad:
+            text = f"{bad}/{text}"
+        ax.text(r["step"], r["commit_len"], text, ha="center", va="center", fontsize=7,
+                color=HARD if bad else "black", fontweight="bold" if bad else "normal")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("verify step holding the boundary state")
+    ax.set_ylabel("commit length")
+    ax.set_xticks(range(block))
+    ax.set_yticks(range(1, block + 1))
+
+
+def boundary_coverage(coverage: pd.DataFrame | None, path: Path) -> Path:
+    """Per interval, the (step, commit length) cells crossed in a verify step and restored by a later turn
+    (green: reached; red text: flagged / restored)."""
+    summary = coverage_summary(coverage) if coverage is not None and len(coverage) else []
+    fig, axes = figure(max(1, len(summary)), 2, width=12.0, row_height=3.8)
+    fig.suptitle("Boundary-case coverage: (verify step holding the boundary, commit length) cells reached",
+                 fontweight="bold")
+    if not summary:
+        for ax in axes[0]:
+            empty(ax, "no verify crossings reported\n(no spec_trace in the records)")
+        return save(fig, path)
+    for row, s in zip(axes, summary, strict=False):
+        cells = coverage[coverage["interval"] == s["interval"]]
+        block = int(cells["commit_len"].max())
+        _grid(row[0], cells, "crossed", None,
+              f"interval {s['interval']}: {s['crossed']}/{s['cells']} cells crossed in a verify step", block)
+        _grid(row[1], cells, "restored", "restored_flagged",
+              f"interval {s['interval']}: {s['restored']}/{s['cells']} cells restored by a later turn", block)
+    return save(fig, path)
