@@ -12,6 +12,7 @@ import asyncio
 import json
 
 import pytest
+from aiohttp import ClientTimeout
 from aiohttp.test_utils import TestClient, TestServer
 
 from engine.config import EngineConfig
@@ -24,6 +25,7 @@ MAX_BODY = 65536  # as the subprocess server's --max-body-bytes
 # as conftest.py's server, with a KV pool of 64 pages of 16 tokens so that capacity can be exceeded
 ENGINE = EngineConfig(model_path="random", model_preset="tiny", speculative_algorithm="DFLASH",
                       mamba_track_interval=64, page_size=16, max_total_tokens=1024)
+CALL_TIMEOUT = ClientTimeout(total=30)
 HEADERS = {"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"}
 
 
@@ -43,7 +45,8 @@ class InProcess:
     def call(self, method: str, path: str, raw: bytes | None = None) -> tuple[int, dict]:
         """(status, JSON body) of one request."""
         async def go():
-            r = await self.client.request(method, path, data=raw, headers=HEADERS)
+            # a refusal is immediate; a request the engine took but can never run would wait forever
+            r = await self.client.request(method, path, data=raw, headers=HEADERS, timeout=CALL_TIMEOUT)
             return r.status, await r.json()
 
         return self.loop.run_until_complete(go())
