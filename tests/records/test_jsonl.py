@@ -1,10 +1,12 @@
-"""Loading a run directory: truncated last lines, corrupt lines, key dedupe, role split."""
+"""Loading a run directory: truncated last lines, corrupt lines, key dedupe, role split, resume after a kill."""
 
 from __future__ import annotations
 
 import json
 
-from records.jsonl import load_run
+import pytest
+
+from records.jsonl import RecordFiles, load_run, read_jsonl, truncate_partial_line
 from records.rundir import load_config
 from tests.reports.factory import candidate, pair, prompt, reference, write_run
 
@@ -58,3 +60,77 @@ def test_missing_directory_and_config(tmp_path):
     assert load_config(tmp_path) == {}
     (tmp_path / "config.json").write_text('{"run_id": "r1", "gate": {"max_hard": 3}}')
     assert load_config(tmp_path)["gate"] == {"max_hard": 3}
+
+
+def line(key: str) -> bytes:
+    return json.dumps({"key": key, "role": "candidate"}).encode()
+
+
+READ_CASES = [
+    # (case, file bytes, keys read, truncated line numbers, corrupt line numbers)
+    ("complete", line("a") + b"\n" + line("b") + b"\n", ["a", "b"], [], []),
+    ("empty-file", b"", [], [], []),
+    ("unterminated-valid-json", line("a") + b"\n" + line("b"), ["a"], [2], []),  # the writer would cut it
+    ("only-an-unterminated-line", line("a"), [], [1], []),
+    ("unterminated-garbage", line("a") + b'\n{"key": "b', ["a"], [2], []),
+    ("unterminated-invalid-utf8", line("a") + b'\n{"key": "\xff', ["a"], [2], []),
+    ("whitespace-tail", line("a") + b"\n  ", ["a"], [], []),
+    ("corrupt-middle", line("a") + b'\n{"key": "b\n' + line("c") + b"\n", ["a", "c"], [], [2]),
+    ("corrupt-and-truncated", line("a") + b"\n}{\n" + line("c") + b"\n" + line("d")[:9], ["a", "c"], [4], [2]),
+    ("blank-lines", b"\n" + line("a") + b"\n\n   \n" + line("b") + b"\n\n", ["a", "b"], [], []),
+    ("non-object-json", line("a") + b'\n[1, 2]\n"text"\n5\nnull\ntrue\n' + line("b") + b"\n", ["a", "b"], [],
+     [2, 3, 4, 5, 6]),
+    ("invalid-utf8-line", line("a") + b'\n\xff\xfe{"key": "x"}\n' + line("b") + b"\n", ["a", "b"], [], [2]),
+    ("crlf", line("a") + b"\r\n" + line("b") + b"\r\n", ["a", "b"], [], []),
+]
+
+
+@pytest.mark.parametrize("data,keys,truncated,corrupt", [c[1:] for c in READ_CASES], ids=[c[0] for c in READ_CASES])
+def test_read_jsonl_truncated_and_corrupt_lines(tmp_path, data, keys, truncated, corrupt):
+    path = tmp_path / "candidate-i256.jsonl"
+    path.write_bytes(data)
+    records, trunc, bad = read_jsonl(path)
+    assert [r["key"] for r in records] == keys
+    assert trunc == [f"candidate-i256.jsonl:{n}" for n in truncated]
+    assert bad == [f"candidate-i256.jsonl:{n}" for n in corrupt]
+    # the writer's cut agrees with the reader: it drops exactly the unterminated tail, and no record
+    assert truncate_partial_line(path) == len(data) - (data.rfind(b"\n") + 1)
+    after, trunc_after, bad_after = read_jsonl(path)
+    assert (after, trunc_after, bad_after) == (records, [], bad)
+
+
+def rec(i: int) -> dict:
+    return candidate(prompt(10, seed=i), [i, i + 1], session_id=f"s{i}")
+
+
+def test_resume_after_a_kill_mid_line_keeps_every_record_once_in_order(tmp_path):
+    files = RecordFiles(tmp_path, set())
+    for i in range(3):
+        files.write("candidate-i256.jsonl", rec(i))
+    files.write("reference.jsonl", reference(prompt(10, seed=0), [0, 1]))
+    files.close()
+    cand = tmp_path / "records" / "candidate-i256.jsonl"
+    ref = tmp_path / "records" / "reference.jsonl"
+    with open(cand, "a") as f:  # killed while writing record 3: a complete JSON object, no newline yet
+        f.write(json.dumps(rec(3), separators=(",", ":")))
+    with open(ref, "a") as f:  # and in the middle of a reference line
+        f.write(json.dumps(reference(prompt(10, seed=1), [5]))[:40])
+    before = load_run(tmp_path)
+    assert [c["session_id"] for c in before.candidates] == ["s0", "s1", "s2"]
+    assert before.truncated == ["candidate-i256.jsonl:4", "reference.jsonl:2"] and before.corrupt == []
+
+    existing = set(before.candidates_by_key()) | {r["key"] for r in before.references.values()}
+    files = RecordFiles(tmp_path, existing)  # cuts both partial lines before anything is appended
+    assert ref.read_bytes().count(b"\n") == 1 and ref.read_bytes().endswith(b"\n")
+    with pytest.raises(AssertionError, match="written twice"):
+        files.write("candidate-i256.jsonl", rec(1))
+    for i in (3, 4):
+        files.write("candidate-i256.jsonl", rec(i))
+    files.close()
+
+    after = load_run(tmp_path)
+    assert [c["session_id"] for c in after.candidates] == ["s0", "s1", "s2", "s3", "s4"]
+    assert [c["output_ids"] for c in after.candidates] == [[i, i + 1] for i in range(5)]
+    assert (after.truncated, after.corrupt, after.duplicates) == ([], [], 0)
+    assert list(after.references) == [reference(prompt(10, seed=0), [0, 1])["input_hash"]]
+    assert [json.loads(x)["session_id"] for x in cand.read_text().splitlines()] == ["s0", "s1", "s2", "s3", "s4"]
