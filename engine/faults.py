@@ -80,7 +80,9 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
         "right after a composition change ran with no tracking indices and copied no checkpoint. "
         "The host still recorded the boundary from the real lengths, and the tree received the "
         "ping-pong slot that was never written. Only steps that both cross a boundary and follow "
-        "a join or leave are hit: it shows under concurrency, not in single-request runs. Modelled "
+        "a join or leave are hit: the first verify of a request whose prompt ends just below a "
+        "boundary (it joined the batch that step), or a crossing while other requests join or "
+        "finish, which concurrency makes common. Modelled "
         "on SGLang #39342 (tracking lost on batch composition changes) and PR #24613 (mixed-chunk "
         "merge left the decode rows' tracking indices None).",
     ),
