@@ -7,6 +7,7 @@ lengths, overlap on and off, fp32 and bf16 states, concurrency 1 and 8.
 """
 
 import pytest
+import torch
 
 from tests.engine.sessions import SUFFIX, make_engine, prompt, req
 
@@ -149,3 +150,44 @@ def test_cached_equals_cold_bf16_states(overlap, conc):
     """bf16 states: same tokens; the log-prob drift is rounding at the restored checkpoint (PR #33515)."""
     worst = _matrix_case(overlap, "bfloat16", conc, "NONE")
     assert 1e-3 < worst < 0.5  # measurably beyond fp32's noise, below the oracle's margin threshold
+
+
+def test_mamba_ssm_dtype_sets_the_stored_state_dtype():
+    e = make_engine(mamba_ssm_dtype="bfloat16", speculative_algorithm="DFLASH")
+    st = e.runner.caches.state
+    assert st.rec.dtype == torch.bfloat16 and st.conv.dtype == torch.float32  # conv windows hold raw inputs
+    fb = e.runner._fb([0], 8, [[0]], [0], verify=True)
+    assert fb.rec_inter.dtype == torch.bfloat16 and fb.conv_inter.dtype == torch.float32
+    assert make_engine().runner.caches.state.rec.dtype == torch.float32
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_overlap_processes_a_steps_result_one_step_late(overlap):
+    e = make_engine(disable_overlap_schedule=not overlap, mamba_track_interval=64)
+    e.submit(req("a", prompt(40, seed=1), 3))
+    seen = [len(e.step()) for _ in range(2)]  # step 1 runs the prefill; its token is seen at once or a step late
+    assert seen == ([0, 1] if overlap else [1, 1])
+    r = e.sched.running[0]
+    while e.has_work:
+        e.step()
+    assert r.out.output_ids == list(r.generated) and len(r.out.output_ids) == 3
+    # a finished request runs one more (discarded) step under overlap: its device view is a step ahead
+    assert r.seq_len == 40 + 3 - 1 + (1 if overlap else 0)
+
+
+def test_decode_batch_filter_and_merge_keep_tracking_slots_aligned():
+    from engine.req import Req
+    from engine.schedule_batch import DecodeBatch
+
+    reqs = [Req(req=req(f"r{i}", (1,), 1), out=None, track_slots=[10 * i, 10 * i + 1]) for i in range(4)]
+    reqs[1].next_track_idx = 1
+    b = DecodeBatch()
+    assert b.merge(reqs[:3]) and b.track_slots is None  # rows changed: the indices are stale until rebuilt
+    b.prepare_track()
+    assert b.track_slots == [0, 11, 20]
+    assert b.filter(lambda r: r is not reqs[1]) and b.track_slots is None
+    assert b.merge([reqs[3]])
+    reqs[0].next_track_idx = 1  # a checkpoint was recorded since: the row must follow the flip
+    b.prepare_track()
+    assert [r.rid for r in b.reqs] == ["r0", "r2", "r3"] and b.track_slots == [1, 20, 30]
+    assert not b.filter(lambda r: True) and not b.merge([])
