@@ -14,6 +14,7 @@ from engine.model.config import PRESETS
 SPEC_ALGORITHMS = ("NONE", "DFLASH")
 MAMBA_STRATEGIES = ("extra_buffer", "no_buffer")
 DRAFTER_MODES = ("model", "scripted")
+MAMBA_SSM_DTYPES = ("float32", "bfloat16")
 
 
 def setting(default, help: str, group: str, choices: tuple | None = None):
@@ -55,6 +56,12 @@ class EngineConfig:
                                    "cache and memory")
     chunked_prefill_size: int = setting(512, "prompt tokens prefilled per step (all requests together)",
                                         "cache and memory")
+    mamba_ssm_dtype: str = setting("float32", "dtype the linear-attention (SSM) states are stored in: working "
+                                   "states, checkpoints and verify intermediates (computation stays fp32)",
+                                   "cache and memory", MAMBA_SSM_DTYPES)
+    disable_overlap_schedule: bool = setting(False, "process each step's results before scheduling the next one; by "
+                                             "default (as in SGLang) a step's results are processed after the next "
+                                             "step is launched, one step late", "scheduling")
     inject_fault: str | None = setting(None, "inject a named bug (see the list below) so specgate can prove it "
                                        "detects it", "testing")
 
@@ -68,6 +75,23 @@ class EngineConfig:
     @property
     def radix_cache(self) -> bool:
         return not self.disable_radix_cache
+
+    @property
+    def overlap_schedule(self) -> bool:
+        """Results are processed one step late. Not with no_buffer caching: it inserts the working state
+        at finish, which the overlapped extra step of a finished request would already have advanced."""
+        no_buffer_cache = self.radix_cache and self.mamba_radix_cache_strategy == "no_buffer"
+        return not self.disable_overlap_schedule and not no_buffer_cache
+
+    @property
+    def tracking(self) -> bool:
+        """Checkpoints are taken into ping-pong tracking slots (radix cache with the extra_buffer strategy)."""
+        return self.radix_cache and self.mamba_radix_cache_strategy == "extra_buffer"
+
+    @property
+    def tokens_per_step(self) -> int:
+        """The most tokens one decode/verify step commits per request."""
+        return self.speculative_num_draft_tokens if self.speculative else 1
 
     def validate(self) -> None:
         """Raise ValueError naming the offending setting (SGLang's checks plus ours)."""
@@ -89,6 +113,18 @@ class EngineConfig:
                 f"mamba_track_interval ({self.mamba_track_interval}) must be >= "
                 f"speculative_num_draft_tokens ({self.speculative_num_draft_tokens}): one verify step "
                 "may cross at most one checkpoint boundary"
+            )
+        if self.tracking and self.overlap_schedule and self.mamba_track_interval < 2 * self.tokens_per_step:
+            raise ValueError(
+                f"mamba_track_interval ({self.mamba_track_interval}) must be >= 2 x {self.tokens_per_step} tokens per "
+                "step with overlap scheduling: a step is prepared before the previous one's checkpoint is "
+                "recorded, so two consecutive steps may not both cross a boundary (or use "
+                "--disable-overlap-schedule)"
+            )
+        if self.tracking and self.chunked_prefill_size < max(64, self.page_size):
+            raise ValueError(
+                f"chunked_prefill_size ({self.chunked_prefill_size}) must be >= the mamba cache chunk size "
+                f"max(64, page_size) = {max(64, self.page_size)}: a shorter extend never takes a checkpoint"
             )
         if self.mamba_radix_cache_strategy == "no_buffer" and self.page_size != 1:
             raise ValueError(f"mamba_radix_cache_strategy 'no_buffer' requires page_size 1, got {self.page_size}")

@@ -7,19 +7,17 @@ import math
 
 from engine import kernels
 from engine.config import EngineConfig
+from engine.executor import Executor
 from engine.io_struct import GenerateOutput, GenerateRequest
 from engine.runner import ModelRunner
-from engine.sampling import sample
 from engine.scheduler import Scheduler
-from engine.spec.dflash import DFlashWorker
 from engine.tp.group import SINGLE, TPContext
 from protocol.tokenizer import VOCAB_SIZE
 
 
 def pool_slots(cfg: EngineConfig) -> int:
     """Linear-state pool size: working + tracking slots per running request, plus cached checkpoints."""
-    tracking = cfg.radix_cache and cfg.mamba_radix_cache_strategy == "extra_buffer"
-    return cfg.max_state_slots or cfg.max_running_requests * (3 if tracking else 1) + (
+    return cfg.max_state_slots or cfg.max_running_requests * (3 if cfg.tracking else 1) + (
         4 * cfg.max_running_requests if cfg.radix_cache else 0)
 
 
@@ -40,7 +38,8 @@ class Engine:
         self.model_config = self.runner.model_cfg
         self.max_context = self.model_config.max_position_embeddings
         self.sched = Scheduler(cfg, self.runner, self.max_context)
-        self.worker = DFlashWorker(cfg, self.runner, self.sched) if cfg.speculative else None
+        self.executor = Executor(cfg, self.runner)
+        self._unprocessed = None  # overlap scheduling: the last step's (batch, result), processed next step
 
     # --- requests -----------------------------------------------------------
     def validate(self, req: GenerateRequest) -> None:
@@ -59,46 +58,24 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.sched.waiting or self.sched.running)
+        return bool(self.sched.waiting or self.sched.running or self._unprocessed)
 
     # --- the loop -----------------------------------------------------------
     def step(self) -> list[GenerateOutput]:
-        """Admit, run one mixed step (prefill chunks + one decode/verify batch), reap; returns touched outputs."""
-        sched, runner = self.sched, self.runner
-        touched: dict[str, GenerateOutput] = {}
-        # requests aborted while still waiting are finished already
-        sched.admit()
-        decodes = sched.decode_batch()
-        for r, start, end in sched.prefill_chunks():
-            logits = runner.extend(list(r.prompt[start:end]), start, r.pages, r.working_slot)
-            if sched.on_tokens_committed(r, end):
-                runner.copy_state(r.working_slot, sched.record_track(r, end))
-            if end == len(r.prompt):
-                if r.req.sampling.max_new_tokens == 0:
-                    r.out.finished = True
-                    r.out.finish_reason = {"type": "length", "length": 0}
-                else:
-                    sched.append_token(r, sample(logits, r.req.sampling.temperature, r.generator), logits)
-            touched[r.rid] = r.out
-        if decodes:
-            if self.worker is not None:
-                self.worker.step(decodes)
-            else:
-                self._decode(decodes)
-            for r in decodes:
-                touched[r.rid] = r.out
-        for r in sched.reap():
+        """Plan and run one step (prefill chunks + one decode/verify batch) and process a step's result.
+
+        With overlap scheduling (the default, as in SGLang) the result processed is the previous
+        step's: this step was planned and run before it, from the requests' device view. With
+        --disable-overlap-schedule it is this step's own. Returns the outputs that changed.
+        """
+        batch = self.sched.schedule()
+        ran = (batch, self.executor.run(batch)) if batch else None
+        if self.cfg.overlap_schedule:
+            ran, self._unprocessed = self._unprocessed, ran
+        touched = self.sched.process(*ran) if ran else {}
+        for r in self.sched.reap():  # requests aborted while nothing of theirs was in flight
             touched[r.rid] = r.out
         return list(touched.values())
-
-    def _decode(self, reqs) -> None:
-        sched = self.sched
-        logits = self.runner.decode([r.pending for r in reqs], [r.seq_len for r in reqs], [r.pages for r in reqs],
-                                    [r.working_slot for r in reqs])
-        for b, r in enumerate(reqs):
-            if sched.on_tokens_committed(r, r.seq_len + 1):
-                self.runner.copy_state(r.working_slot, sched.record_track(r, r.seq_len))
-            sched.append_token(r, sample(logits[b], r.req.sampling.temperature, r.generator), logits[b])
 
     def generate(self, reqs: list[GenerateRequest]) -> list[GenerateOutput]:
         """Run requests to completion (continuous batching among them); outputs in input order."""
@@ -113,7 +90,7 @@ class Engine:
 
     # --- cache and stats ----------------------------------------------------
     def flush_cache(self) -> bool:
-        return self.sched.flush()
+        return not self._unprocessed and self.sched.flush()
 
     def pool_usage(self) -> dict:
         kv, st = self.runner.caches.kv, self.runner.caches.state

@@ -13,6 +13,11 @@ STALE_SEQ_LENS = "stale-seq-lens"
 TRACK_OFF_BY_ONE = "track-off-by-one"
 CONV_NOT_TRACKED = "conv-not-tracked"
 INSERT_WORKING_STATE = "insert-working-state"
+TRACK_DROPPED_ON_BATCH_CHANGE = "track-dropped-on-batch-change"
+PINGPONG_DOUBLE_FLIP = "pingpong-double-flip"
+CONV_ROLLBACK_WRONG_STEP = "conv-rollback-wrong-step"
+PREFILL_CHECKPOINT_OFF_BOUNDARY = "prefill-checkpoint-off-boundary"
+EVICT_MATCHED_CHECKPOINT = "evict-matched-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,68 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
         "not the checkpoint taken at the boundary. The KV says 'boundary', the linear state says "
         "'end of request': a resume there continues from a state that has already seen the rest of "
         "the sequence.",
+    ),
+    Fault(
+        TRACK_DROPPED_ON_BATCH_CHANGE,
+        "SGLang #39342 class: a verify step right after the batch changed runs without its tracking indices",
+        "The running batch keeps one tracking slot per row. Filtering out finished requests or merging "
+        "newly prefilled ones rebuilds the rows and drops those indices (SGLang's filter_batch / "
+        "merge_batch reset mamba_track_indices to None); the decode path rebuilds them in "
+        "prepare_for_decode, but the DFlash verify path used them as they were, so a verify step "
+        "right after a composition change ran with no tracking indices and copied no checkpoint. "
+        "The host still recorded the boundary from the real lengths, and the tree received the "
+        "ping-pong slot that was never written. Only steps that both cross a boundary and follow "
+        "a join or leave are hit: the first verify of a request whose prompt ends just below a "
+        "boundary (it joined the batch that step), or a crossing while other requests join or "
+        "finish, which concurrency makes common. Modelled "
+        "on SGLang #39342 (tracking lost on batch composition changes) and PR #24613 (mixed-chunk "
+        "merge left the decode rows' tracking indices None).",
+    ),
+    Fault(
+        PINGPONG_DOUBLE_FLIP,
+        "SGLang #32852 class: the ping-pong index flips twice per checkpoint, so the insert reads the other slot",
+        "Each request has two tracking slots; a checkpoint is written to slot[next], then next "
+        "flips so that slot[1 - next] names the last checkpoint, which the tree receives. Here the "
+        "index is flipped a second time when a decode/verify checkpoint is recorded (a flip done "
+        "both where the boundary is detected and again in result processing), so the "
+        "copy lands in one slot and cache_unfinished_req / cache_finished_req donate the other, "
+        "which holds an older checkpoint (or a fresh slot's leftovers) under the new length.",
+    ),
+    Fault(
+        CONV_ROLLBACK_WRONG_STEP,
+        "SGLang #26888, #34794 class: on partial acceptance the conv window is committed from the wrong step",
+        "After a verify step the working state must be the intermediate of the last accepted "
+        "token, step commit_len - 1, for the recurrent state and the conv window alike. Here the "
+        "conv window is rolled back one step too little: when a draft was rejected it is committed "
+        "from step commit_len, so it still holds the first rejected draft token's input. The "
+        "recurrent state is right, so the error is small and local (the next K-1 tokens see one "
+        "wrong conv input) but it changes tokens in the same request, with or without the cache, "
+        "and every later checkpoint inherits it: the bug class of state pieces rolled back "
+        "separately (the conv rollback kernels of NPU/CUDA backends, and short-conv models).",
+    ),
+    Fault(
+        PREFILL_CHECKPOINT_OFF_BOUNDARY,
+        "SGLang #33515, #37836 class: a prefill checkpoint labelled at the aligned position holds the extend's end",
+        "A prefill extend checkpoints the deepest position aligned to the mamba cache chunk size, "
+        "which is usually inside the extend (960 for a 1,000-token prompt). That state exists only "
+        "as a chunk state of the chunked kernel (FLA's h); the final state is the extend's end. "
+        "SGLang must pass a position that makes the backend read h (_force_track_h); when it "
+        "reads the final state instead, the checkpoint recorded at 960 holds the state after "
+        "1,000 tokens. The tree entry's KV covers 960 tokens and its linear state 1,000: a "
+        "request that resumes there replays 40 tokens on top of a state that has seen them. Only "
+        "extends whose length is not a multiple of the chunk size are hit.",
+    ),
+    Fault(
+        EVICT_MATCHED_CHECKPOINT,
+        "lock-before-evict (SGLang _match_post_processor): the matched node is locked only after allocation",
+        "Admission matches a prefix, allocates the request's state slots (evicting tree "
+        "checkpoints when the pool is short) and then restores the matched checkpoint into the "
+        "working slot. SGLang locks the matched node before any eviction (inc_lock_ref, evict, "
+        "dec_lock_ref around the copy-on-write allocation in _match_post_processor). Here the lock "
+        "is taken after the slots are allocated, so when the pool is tight the eviction can free "
+        "the matched checkpoint itself and hand that slot back as one of the request's own "
+        "(zeroed) slots: the request reports the cached length but resumes from a zero state. "
+        "Only admissions that evict under memory pressure are hit.",
     ),
 ]}
 

@@ -49,7 +49,8 @@ class ModelRunner:
         self.model = HybridLM(mcfg, tp).to(self.device).eval()
         load_full_state_dict(self.model, full)
         self.model.requires_grad_(False)  # serving never builds autograd graphs, whatever the grad mode
-        self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device)
+        ssm_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.mamba_ssm_dtype]
+        self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device, ssm_dtype)
         self.drafter = None
         self._last_verify = None
         # the drafter runs on rank 0 only (it is small and reads the replicated hidden states)
@@ -82,17 +83,26 @@ class ModelRunner:
                           kv_read=read.to(self.device), kv_lens=torch.tensor([s + T for s in starts]).to(self.device),
                           state_slots=torch.tensor(slots, dtype=torch.long).to(self.device),
                           capture_layers=self.capture)
-        if verify:
+        if verify:  # intermediates in the pools' dtypes: what gets committed is what a step would store
             st = self.caches.state
-            fb.rec_inter = torch.empty(st.rec.shape[0], B, T, *st.rec.shape[2:], device=self.device)
-            fb.conv_inter = torch.empty(st.conv.shape[0], B, T, *st.conv.shape[2:], device=self.device)
+            fb.rec_inter = torch.empty(st.rec.shape[0], B, T, *st.rec.shape[2:], dtype=st.rec.dtype, device=self.device)
+            fb.conv_inter = torch.empty(st.conv.shape[0], B, T, *st.conv.shape[2:], dtype=st.conv.dtype,
+                                        device=self.device)
         return fb
 
     # --- forwards -----------------------------------------------------------
     @torch.no_grad()
-    def extend(self, tokens: list[int], start: int, pages: list[int], slot: int) -> torch.Tensor:
-        """Prefill chunk of one sequence: positions [start, start+T); state advances. Returns last logits [V]."""
+    def extend(self, tokens: list[int], start: int, pages: list[int], slot: int, track_slot: int = -1,
+               track_offset: int = -1) -> torch.Tensor:
+        """Prefill chunk of one sequence: positions [start, start+T); state advances. Returns last logits [V].
+
+        With `track_offset` >= 0 the state after that many of these tokens is also stored in
+        `track_slot` (a prefill checkpoint, read from the chunked kernel's intermediate states).
+        """
         fb = self._fb([start], len(tokens), [pages], [slot], verify=False)
+        if track_offset >= 0:
+            fb.track_slots = torch.tensor([track_slot], dtype=torch.long, device=self.device)
+            fb.track_offsets = torch.tensor([track_offset], dtype=torch.long, device=self.device)
         hidden, aux = self.model(torch.tensor([tokens], device=self.device), fb, self.caches)
         if aux is not None:
             self._write_draft_ctx(aux, fb)
@@ -148,12 +158,14 @@ class ModelRunner:
 
     @torch.no_grad()
     def commit_verify(self, working_slots: list[int], commit_lens: list[int], track_slots: list[int],
-                      track_steps: list[int], conv_tracked: bool = True) -> None:
+                      track_steps: list[int], conv_tracked: bool = True,
+                      conv_commit_steps: list[int] | None = None) -> None:
         """After acceptance: commit the last verify's states and the drafter context.
 
         working slot <- step commit_len - 1; tracking slot <- step track_steps[b] (-1: none).
-        `conv_tracked=False` is the conv-not-tracked fault: the checkpoint gets the recurrent
-        state but keeps its old conv window.
+        Fault hooks (engine/faults.py): `conv_tracked=False` leaves the checkpoint's old conv
+        window (conv-not-tracked); `conv_commit_steps` commits the working conv window from
+        other steps than the recurrent state (conv-rollback-wrong-step).
         """
         fb, aux = self._last_verify
         self._last_verify = None
@@ -168,6 +180,10 @@ class ModelRunner:
         if saved_conv is not None:
             due = steps >= 0
             st.conv[:, track_t[due]] = saved_conv[:, due]
+        if conv_commit_steps is not None:
+            rows = torch.arange(len(working_slots), device=dev)
+            conv_steps = torch.tensor(conv_commit_steps, dtype=torch.long, device=dev)
+            st.conv[:, torch.tensor(working_slots, device=dev)] = fb.conv_inter[:, rows, conv_steps].to(st.conv.dtype)
         if self.drafter is not None and aux is not None:
             # only committed block positions enter the drafter's context cache
             keep = torch.arange(aux.shape[1])[None, :] < torch.tensor(commit_lens)[:, None]

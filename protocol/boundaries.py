@@ -62,3 +62,66 @@ def nearest_boundary_offset(pos: int, interval: int) -> int:
     """
     r = pos % interval
     return r if 2 * r <= interval else r - interval
+
+
+# --- prefill checkpoints (SGLang's extra_buffer rule for extend forwards) ---------------------
+#
+# Decode and verify steps checkpoint at multiples of the track interval (above). A prefill
+# ("extend") forward does not: SGLang takes at most one checkpoint per extend, at the deepest
+# position aligned to the mamba cache chunk size counted from the extend's start, read from
+# the chunked kernel's intermediate state there (`ScheduleBatch.
+# _mamba_radix_cache_v2_req_prepare_for_extend`). A 1,000-token prompt prefilled in one extend
+# is checkpointed at 960, not at 256/512/768.
+
+FLA_CHUNK_SIZE = 64  # the chunked delta-rule kernel's chunk: its intermediate states sit at multiples of it
+
+
+def mamba_cache_chunk_size(page_size: int) -> int:
+    """SGLang's mamba_cache_chunk_size: max(64, page size); prefill checkpoints sit on its grid."""
+    return max(FLA_CHUNK_SIZE, page_size)
+
+
+def prefill_track_position(prefix_len: int, extend_len: int, chunk: int,
+                           branching: int | None = None) -> int | None:
+    """The length at which an extend of `extend_len` tokens after `prefix_len` is checkpointed, or None.
+
+    None when the extend is shorter than one chunk. Otherwise the deepest chunk-aligned position
+    of the extend, `prefix_len + extend_len // chunk * chunk`, unless the request's branching
+    point (see `branching_point`) lies strictly inside the extend on the same grid: then that.
+    """
+    if extend_len < chunk:
+        return None
+    end = prefix_len + extend_len
+    if branching is not None and prefix_len < branching < end and (branching - prefix_len) % chunk == 0:
+        return branching
+    return prefix_len + extend_len // chunk * chunk
+
+
+def branching_point(kv_matched_len: int, checkpoint_len: int, chunk: int) -> int | None:
+    """SGLang's mamba_branching_seqlen: where a prefix match's KV outruns its deepest checkpoint.
+
+    A radix match resumes at its deepest checkpoint (`checkpoint_len`) but may match KV further
+    (`kv_matched_len`, e.g. the shared part of another request's prompt). The chunk-aligned
+    position of that KV match is then worth a checkpoint of its own, so a third request with the
+    same prefix can resume there; None when the KV match ends at the checkpoint or aligns to 0.
+    """
+    if kv_matched_len <= checkpoint_len:
+        return None
+    aligned = kv_matched_len // chunk * chunk
+    return aligned if aligned > 0 else None
+
+
+def decode_tracks(new_len: int, interval: int) -> bool:
+    """A non-speculative decode step that brings the sequence to `new_len` tokens checkpoints it here."""
+    return new_len % interval == 0
+
+
+def chunk_extend_len(remaining: int, budget: int, page_size: int) -> int:
+    """Tokens of a prompt to prefill this step under a token budget (SGLang's PrefillAdder truncation).
+
+    The whole rest if the budget allows; else the budget cut down to whole pages, so a cut prompt
+    is inserted into the radix tree page by page (0 means: wait for a larger budget).
+    """
+    if remaining <= budget:
+        return remaining
+    return budget // page_size * page_size

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from engine.cache.kv_pool import KVPool
 from engine.cache.state_pool import StatePool
 from engine.model.config import HybridConfig
@@ -35,8 +37,8 @@ class ModelCaches:
 
     @classmethod
     def build(cls, cfg: HybridConfig, num_pages: int, page_size: int, num_state_slots: int,
-              tp: TPContext = SINGLE, device="cpu") -> ModelCaches:
-        """Pools sized for this rank's share of the heads."""
+              tp: TPContext = SINGLE, device="cpu", ssm_dtype: torch.dtype = torch.float32) -> ModelCaches:
+        """Pools sized for this rank's share of the heads; recurrent states stored in `ssm_dtype`."""
         kv = KVPool(len(cfg.attention_layers), num_pages, page_size,
                     tp.shard(cfg.num_key_value_heads, "num_key_value_heads"), cfg.head_dim, device=device)
         conv_dim = (2 * tp.shard(cfg.linear_num_key_heads, "linear_num_key_heads") * cfg.linear_key_head_dim
@@ -44,7 +46,7 @@ class ModelCaches:
         state = StatePool(len(cfg.linear_layers), num_state_slots,
                           tp.shard(cfg.linear_num_value_heads, "linear_num_value_heads"),
                           cfg.linear_key_head_dim, cfg.linear_value_head_dim, conv_dim,
-                          cfg.linear_conv_kernel_dim, device=device)
+                          cfg.linear_conv_kernel_dim, device=device, ssm_dtype=ssm_dtype)
         return cls(kv, state)
 
 

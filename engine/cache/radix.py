@@ -38,12 +38,15 @@ class MatchResult:
     pages: tuple[int, ...]  # KV pages covering [0, cached_len)
     checkpoint: int | None  # state slot to restore
     node: Node  # lock this while the request uses the prefix
+    kv_len: int = 0  # tokens whose KV matched (>= cached_len): past a deeper node without a checkpoint too
 
 
 @dataclass(frozen=True)
 class InsertResult:
     dup_pages: tuple[int, ...]  # caller's pages already present in the tree: caller frees them
     checkpoint_adopted: bool  # False: the node already had one; caller frees its slot
+    node: Node | None = None  # the node ending at the inserted length (lock it to keep the prefix)
+    pages: tuple[int, ...] = ()  # the tree's pages for the inserted tokens (the caller's page table prefix)
 
 
 class RadixCache:
@@ -60,25 +63,36 @@ class RadixCache:
         return tuple(tokens[i : i + self.page_size])
 
     def match_prefix(self, tokens: list[int], max_len: int | None = None) -> MatchResult:
-        """Deepest checkpointed node whose prefix matches `tokens`, not deeper than `max_len`."""
+        """Deepest checkpointed node whose prefix matches `tokens`, not deeper than `max_len`.
+
+        `kv_len` also counts KV matched past it (node ends without a checkpoint, and the
+        matching pages of a partly matched edge): SGLang's match walks as far as the KV goes
+        and derives the branching point from that. The matched path is touched as SGLang's
+        `reset_node_and_parents_mru` does, deeper nodes more recent, so eviction takes
+        checkpoints nearer the root first.
+        """
         limit = len(tokens) if max_len is None else min(max_len, len(tokens))
-        node, pos, pages = self.root, 0, []
+        node, pos, pages, path = self.root, 0, [], []
         best = MatchResult(0, (), None, self.root)
-        now = next(self._clock)
+        kv_len = 0
+        tokens = list(tokens[:limit])
         while pos + self.page_size <= limit:
             child = node.children.get(self._page_key(tokens, pos))
             if child is None:
                 break
             n = self._common(child.key, tokens, pos)
-            if n < len(child.key) or pos + n > limit:
+            kv_len = pos + n
+            if n < len(child.key):
                 break  # resume points sit at node ends only
             pos += n
             pages.extend(child.pages)
             node = child
-            node.last_access = now
+            path.append(node)
             if node.checkpoint is not None:
                 best = MatchResult(pos, tuple(pages), node.checkpoint, node)
-        return best
+        for n in path:
+            n.last_access = next(self._clock)
+        return MatchResult(best.cached_len, best.pages, best.checkpoint, best.node, max(kv_len, best.cached_len))
 
     def _common(self, key, tokens, pos) -> int:
         """Matched length in whole pages."""
@@ -130,7 +144,15 @@ class RadixCache:
             if node.checkpoint is None:
                 node.checkpoint = checkpoint
                 adopted = True
-        return InsertResult(tuple(dups), adopted)
+        return InsertResult(tuple(dups), adopted, node, tuple(self._path_pages(node)))
+
+    def _path_pages(self, node: Node) -> list[int]:
+        """The KV pages of the prefix ending at `node`, root first."""
+        chunks = []
+        while node is not None:
+            chunks.append(node.pages)
+            node = node.parent
+        return [p for chunk in reversed(chunks) for p in chunk]
 
     def _split(self, child: Node, n: int) -> Node:
         """Split `child` after n tokens; returns the new upper node (no checkpoint: it is mid-edge)."""

@@ -1,8 +1,14 @@
 """Linear-state pool: per GDN layer a recurrent state and a conv window per slot.
 
-A slot is either a running request's working state, one of its tracking
-slots (checkpoints taken at track-interval boundaries), or a checkpoint owned
-by the radix tree.
+A slot is either a running request's working state, one of its two ping-pong
+tracking slots (checkpoints: prefill ones on the mamba chunk grid, decode/verify
+ones at track-interval boundaries), or a checkpoint owned by the radix tree.
+
+The recurrent state is stored in `ssm_dtype` (SGLang's `--mamba-ssm-dtype`:
+float32, or bfloat16, whose rounding alone changes greedy tokens on cache hits,
+SGLang PR #33515); the kernels always compute in fp32 and round when they store.
+The conv window holds raw inputs and stays in the activation dtype (fp32 here),
+as SGLang's conv state follows the model dtype, not the SSM one.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ from engine.cache.free_list import FreeList
 
 class StatePool:
     def __init__(self, num_layers: int, num_slots: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-                 conv_dim: int, conv_kernel: int, device: str | torch.device = "cpu"):
+                 conv_dim: int, conv_kernel: int, device: str | torch.device = "cpu",
+                 ssm_dtype: torch.dtype = torch.float32):
         self.num_slots = num_slots
-        # fp32 states, whatever the activation dtype: the recurrence accumulates
-        self.rec = torch.zeros(num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim, device=device)
+        self.rec = torch.zeros(num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim, dtype=ssm_dtype,
+                               device=device)
         self.conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, device=device)
         self._slots = FreeList(num_slots, "state slot")
 

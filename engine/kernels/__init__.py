@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.conv_naive import causal_conv1d, causal_conv1d_verify
-from engine.kernels.gdn_chunk import gdn_chunk
+from engine.kernels.conv_naive import causal_conv1d, causal_conv1d_verify, conv_window_at
+from engine.kernels.gdn_chunk import gdn_chunk, state_after
 from engine.kernels.gdn_naive import gdn_recurrent, gdn_verify
 
 _FORCE_TORCH = False
@@ -36,27 +36,46 @@ def gdn_pool_forward(
     slots: torch.Tensor,  # [B] long
     scale: float,
     intermediate: torch.Tensor | None = None,  # [B, T, H, Dk, Dv]: verify mode
+    track_slots: torch.Tensor | None = None,  # [B] long: extend checkpoint slot per sequence
+    track_offsets: torch.Tensor | None = None,  # [B] long: tokens of this forward to checkpoint after, -1 none
 ) -> torch.Tensor:
     """Run the delta rule for B sequences whose states live in `state_pool[slots]`.
 
-    Decode/extend mode (intermediate is None): the pool states advance in place.
+    Decode/extend mode (intermediate is None): the pool states advance in place, and where
+    track_offsets[b] >= 0 the state after that many of this forward's tokens is also written to
+    `state_pool[track_slots[b]]` (a prefill checkpoint: a multiple of the chunk size, or T).
     Verify mode: the pool is untouched and every step's state goes to `intermediate`.
     """
     if use_triton(q):
         from engine.kernels import gdn_triton
 
-        return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate)
+        if track_offsets is None:  # keeps the plain call (and its tests) unchanged
+            return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate)
+        return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate,
+                                              track_slots=track_slots, track_steps=track_offsets - 1)
     state = state_pool[slots]
     if intermediate is not None:
         o, states = gdn_verify(q, k, v, g, beta, state, scale)
         intermediate.copy_(states)
         return o
-    if q.shape[1] > 1:
-        o, final = gdn_chunk(q, k, v, g, beta, state, scale)
+    T = q.shape[1]
+    if T > 1:
+        o, final, chunk_states = gdn_chunk(q, k, v, g, beta, state, scale, return_chunk_states=True)
     else:
         o, final = gdn_recurrent(q, k, v, g, beta, state, scale)
+        chunk_states = final[:, None]
+    for b, off in _tracked_rows(track_offsets):
+        snap = state_after(chunk_states, off, T) if T > 1 else chunk_states[:, 0]
+        state_pool[track_slots[b]] = snap[b].to(state_pool.dtype)
     state_pool[slots] = final.to(state_pool.dtype)
     return o
+
+
+def _tracked_rows(track_offsets: torch.Tensor | None) -> list[tuple[int, int]]:
+    """(row, offset) of every sequence that checkpoints in this extend."""
+    if track_offsets is None:
+        return []
+    return [(b, off) for b, off in enumerate(track_offsets.tolist()) if off >= 0]
 
 
 def conv_pool_forward(
@@ -65,8 +84,17 @@ def conv_pool_forward(
     slots: torch.Tensor,  # [B]
     weight: torch.Tensor,  # [C, K]
     intermediate: torch.Tensor | None = None,  # [B, T, C, K-1]: verify mode
+    track_slots: torch.Tensor | None = None,  # [B]: extend checkpoint slot per sequence
+    track_offsets: torch.Tensor | None = None,  # [B]: tokens of this forward to checkpoint after, -1 none
 ) -> torch.Tensor:
-    """SiLU(causal depthwise conv) continuing from the pooled windows; same two modes as the GDN op."""
+    """SiLU(causal depthwise conv) continuing from the pooled windows; same modes as the GDN op.
+
+    An extend checkpoint's window is gathered from the inputs before the kernel shifts the
+    pooled window (it is raw inputs, on every device).
+    """
+    for b, off in _tracked_rows(track_offsets):
+        window = conv_window_at(x[b : b + 1], conv_pool[slots[b : b + 1]], off)
+        conv_pool[track_slots[b]] = window[0].to(conv_pool.dtype)
     if use_triton(x):
         from engine.kernels import conv_triton
 
@@ -107,6 +135,6 @@ def commit_verified_states(
 
 
 __all__ = [
-    "causal_conv1d", "causal_conv1d_verify", "conv_pool_forward", "gdn_chunk", "gdn_pool_forward",
+    "causal_conv1d", "causal_conv1d_verify", "conv_pool_forward", "conv_window_at", "gdn_chunk", "gdn_pool_forward",
     "gdn_recurrent", "gdn_verify", "set_force_torch", "commit_verified_states", "use_triton",
 ]

@@ -31,3 +31,14 @@ def causal_conv1d_verify(
     y = torch.nn.functional.silu((frames * weight[None, :, None, :].to(x.dtype)).sum(-1))  # [B, C, T]
     windows = xx.unfold(2, K - 1, 1)[:, :, 1 : T + 1]  # [B, C, T, K-1]
     return y.transpose(1, 2), windows.permute(0, 2, 1, 3).contiguous()
+
+
+def conv_window_at(x: torch.Tensor, conv_state: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The window after the first `tokens` of x [B, T, C] continuing from conv_state [B, C, K-1].
+
+    It is the K-1 raw inputs before position `tokens` of [conv_state | x]: what a checkpoint at
+    that position must hold (SGLang's `_init_track_conv_indices` gathers the same columns).
+    """
+    kw = conv_state.shape[-1]
+    xx = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, C, K-1+T]
+    return xx[:, :, tokens : tokens + kw].contiguous()

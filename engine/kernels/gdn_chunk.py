@@ -23,8 +23,15 @@ def gdn_chunk(
     state: torch.Tensor | None,  # [B, H, Dk, Dv]; None: the zero state
     scale: float,
     chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outputs [B, T, H, Dv] (in v's dtype) and the final state; the input state is not modified."""
+    return_chunk_states: bool = False,
+):
+    """Outputs [B, T, H, Dv] (in v's dtype) and the final state; the input state is not modified.
+
+    With `return_chunk_states` also the state after every chunk [B, N, H, Dk, Dv], N = ceil(T / C):
+    entry n covers min((n + 1) * C, T) tokens (the last one is the final state). They are the
+    states the chunked form carries anyway (FLA's `h`), so a prefill can checkpoint any
+    chunk-aligned position of its extend without a second pass: see `state_after`.
+    """
     out_dtype = v.dtype
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
@@ -53,12 +60,29 @@ def gdn_chunk(
     chunk_decay = g[..., -1:].exp()[..., None]  # [B, H, N, 1, 1]
 
     S = q.new_zeros(B, H, Dk, Dv) if state is None else state.float().clone()
-    outs = []
+    outs, states = [], []
     # unbind once: indexing chunk n inside the loop would make the backward copy whole tensors per chunk
     for u_n, w_n, qd_n, attn_n, kt_n, d_n in zip(*(x.unbind(2) for x in (u, w, q_decayed, attn, k_to_end,
                                                                           chunk_decay)), strict=True):
         v_new = u_n - w_n @ S  # corrected values [B, H, C, Dv]
         outs.append(qd_n @ S + attn_n @ v_new)
         S = S * d_n + kt_n.transpose(-1, -2) @ v_new
+        if return_chunk_states:
+            states.append(S)
     out = torch.stack(outs, 2).reshape(B, H, N * C, Dv)[:, :, :T].transpose(1, 2)
+    if return_chunk_states:
+        chunk_states = torch.stack(states, 1) if states else S.new_zeros(B, 0, H, Dk, Dv)
+        return out.to(out_dtype).contiguous(), S, chunk_states
     return out.to(out_dtype).contiguous(), S
+
+
+def state_after(chunk_states: torch.Tensor, tokens: int, total: int, chunk_size: int = 64) -> torch.Tensor:
+    """From `gdn_chunk(..., return_chunk_states=True)` over `total` tokens: the state after `tokens`.
+
+    `tokens` must be a multiple of the chunk size or the extend's end: those are the only
+    positions whose state the chunked form materialises (SGLang reads `h` for the first kind and
+    the final state for the second; reading the final state for the first is bug #33515's class).
+    """
+    if not (0 < tokens <= total and (tokens % chunk_size == 0 or tokens == total)):
+        raise ValueError(f"no chunk state after {tokens} of {total} tokens (chunk size {chunk_size})")
+    return chunk_states[:, -(-tokens // chunk_size) - 1]

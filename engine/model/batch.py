@@ -22,6 +22,9 @@ class ForwardBatch:
     state_slots: torch.Tensor  # [B] linear-state pool slot (working slot) of each sequence
     rec_inter: torch.Tensor | None = None  # verify: [L_gdn, B, T, H, Dk, Dv] every step's state
     conv_inter: torch.Tensor | None = None  # verify: [L_gdn, B, T, C, K-1]
+    # extend: a prefill checkpoint per sequence, the state after track_offsets[b] of its new tokens
+    track_slots: torch.Tensor | None = None  # [B] state-pool slot receiving it
+    track_offsets: torch.Tensor | None = None  # [B] -1 for none
     capture_layers: tuple[int, ...] = ()  # layers whose output hidden states the drafter needs
 
     @property

@@ -55,9 +55,11 @@ class GatedDeltaNet(nn.Module):
         rec_inter = fb.rec_inter[self.gdn_index] if fb.verify else None
         return self.mix(
             x,
-            lambda mixed: kernels.conv_pool_forward(mixed, conv_pool, fb.state_slots, self.conv_weight, conv_inter),
+            lambda mixed: kernels.conv_pool_forward(mixed, conv_pool, fb.state_slots, self.conv_weight, conv_inter,
+                                                    fb.track_slots, fb.track_offsets),
             lambda q, k, v, g, beta: kernels.gdn_pool_forward(q, k, v, g, beta, rec_pool, fb.state_slots,
-                                                              self.scale, rec_inter),
+                                                              self.scale, rec_inter, fb.track_slots,
+                                                              fb.track_offsets),
         )
 
     def mix(self, x: torch.Tensor, conv, delta) -> torch.Tensor:

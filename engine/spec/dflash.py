@@ -9,27 +9,32 @@ the sequence. Then (DESIGN.md section 1):
 * working state  <- intermediate step commit_len - 1
 * tracking slot  <- intermediate step `mamba_steps_to_track(pre, post, ...)`
 
-Attention KV past the commit needs no rollback in a paged pool: positions
-beyond seq_len are never read and the next block overwrites them.
+This is the device side of a step (SGLang's `dflash_worker_v2.forward_batch_generation`):
+it advances the requests' device view and returns what the host will process
+(one step later under overlap scheduling), where the boundary is recorded from
+the real lengths. Attention KV past the commit needs no rollback in a paged
+pool: positions beyond seq_len are never read and the next block overwrites them.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.faults import CONV_NOT_TRACKED, STALE_SEQ_LENS, TRACK_OFF_BY_ONE, active
+from engine.faults import CONV_NOT_TRACKED, CONV_ROLLBACK_WRONG_STEP, STALE_SEQ_LENS, TRACK_OFF_BY_ONE, active
 from engine.req import Req
 from engine.sampling import GREEDY_BELOW, probs
+from engine.schedule_batch import ReqResult
 from engine.spec.accept import greedy_accept_len, rejection_sample
 from engine.spec.scripted import scripted_drafts
 from engine.spec.tracking import mamba_steps_to_track
+from engine.stopping import take_until_finished
 from protocol.boundaries import crossed, crossed_boundary
 from protocol.tokenizer import MASK_ID
 
 
 class DFlashWorker:
-    def __init__(self, cfg, runner, scheduler):
-        self.cfg, self.runner, self.sched = cfg, runner, scheduler
+    def __init__(self, cfg, runner):
+        self.cfg, self.runner = cfg, runner
         self.block = cfg.speculative_num_draft_tokens
 
     def _drafts(self, reqs: list[Req]) -> list[list[int]]:
@@ -39,17 +44,22 @@ class DFlashWorker:
                                    self.block, MASK_ID)  # [B, block, V]
         return logits[:, 1:].argmax(-1).tolist()
 
-    def step(self, reqs: list[Req]) -> None:
-        """One draft + verify + commit for every request in the decode batch."""
+    def run(self, reqs: list[Req], track_slots: list[int] | None) -> list[ReqResult]:
+        """One draft + verify + commit for every request of the decode batch.
+
+        `track_slots[b]` is where row b's checkpoint goes if its step crosses a boundary;
+        None when the step has no tracking indices (then nothing is copied).
+        """
         drafts = self._drafts(reqs)
         blocks = [[r.pending] + d for r, d in zip(reqs, drafts, strict=True)]
         starts = [r.seq_len for r in reqs]
         logits = self.runner.verify(blocks, starts, [r.pages for r in reqs], [r.working_slot for r in reqs])
-        commit_lens = [self._accept(r, d, lg) for r, d, lg in zip(reqs, drafts, logits, strict=True)]
-        self._commit(reqs, starts, commit_lens)
+        results = [self._accept(r, p, d, lg) for r, p, d, lg in zip(reqs, starts, drafts, logits, strict=True)]
+        self._commit(reqs, results, track_slots)
+        return results
 
-    def _accept(self, r: Req, drafts: list[int], logits: torch.Tensor) -> int:
-        """Emit accepted drafts + bonus (clipped by finish); returns commit_len."""
+    def _accept(self, r: Req, pre: int, drafts: list[int], logits: torch.Tensor) -> ReqResult:
+        """Accepted drafts + bonus, cut where the request finishes; advances r's device view."""
         sp = r.req.sampling
         if sp.temperature < GREEDY_BELOW:
             argmax = logits.argmax(-1).tolist()
@@ -57,37 +67,39 @@ class DFlashWorker:
             emitted = drafts[:n] + [argmax[n]]
         else:
             emitted = rejection_sample(drafts, probs(logits, sp.temperature), r.generator)
-        count = 0
-        for i, tok in enumerate(emitted):
-            count += 1
-            if self.sched.append_token(r, tok, logits[i]):
-                break
-        return count
+        discarded = r.device_finished  # an overlapped step of a request that already ended: run, then discard
+        if discarded:
+            keep, finish = len(emitted), None
+        else:
+            keep, finish = take_until_finished(r.generated, emitted, sp)
+            r.generated.extend(emitted[:keep])
+            r.device_finished = finish is not None
+        r.seq_len, r.pending = pre + keep, emitted[keep - 1]
+        r.verify_steps += 1
+        return ReqResult(r, pre, emitted[:keep], logits[:keep], finish, commit_len=keep, discarded=discarded)
 
-    def _commit(self, reqs: list[Req], starts: list[int], commit_lens: list[int]) -> None:
+    def _commit(self, reqs: list[Req], results: list[ReqResult], track_slots: list[int] | None) -> None:
         I = self.cfg.mamba_track_interval
-        tracking = self.sched.tracking
+        starts = [res.pre_len for res in results]
+        commit_lens = [res.commit_len for res in results]
         posts = [p + c for p, c in zip(starts, commit_lens, strict=True)]
         steps = [-1] * len(reqs)
-        if tracking:
+        if self.cfg.tracking and track_slots is not None:
             # #37817: the buggy worker compared against lengths that had not been advanced yet
             post_seen = starts if active(self.cfg, STALE_SEQ_LENS) else posts
             steps = mamba_steps_to_track(torch.tensor(starts, dtype=torch.int32), torch.tensor(post_seen),
                                          torch.tensor(commit_lens), I).tolist()
             if active(self.cfg, TRACK_OFF_BY_ONE):
                 steps = [_off_by_one_step(p, q, c, I) for p, q, c in zip(starts, posts, commit_lens, strict=True)]
-        track_slots = []
-        for r, p, q in zip(reqs, starts, posts, strict=True):
-            # scheduler bookkeeping from the real lengths, independent of the copy below
-            boundary = crossed_boundary(p, q, I) if tracking else None
-            track_slots.append(self.sched.record_track(r, boundary) if boundary is not None else r.working_slot)
-        self.runner.commit_verify([r.working_slot for r in reqs], commit_lens, track_slots, steps,
-                                  conv_tracked=not active(self.cfg, CONV_NOT_TRACKED))
-        for r, p, c, s in zip(reqs, starts, commit_lens, steps, strict=True):
-            r.seq_len = p + c
-            r.out.spec_verify_ct += 1
-            r.out.spec_trace.append((p, c, int(s)))
-            self.sched.counters["verify_steps"] += 1
+        conv_steps = None
+        if active(self.cfg, CONV_ROLLBACK_WRONG_STEP):
+            # partial acceptance: the conv window is rolled back to one step past the last accepted token
+            conv_steps = [c if c < self.block else c - 1 for c in commit_lens]
+        working = [r.working_slot for r in reqs]
+        self.runner.commit_verify(working, commit_lens, track_slots or working, steps,
+                                  conv_tracked=not active(self.cfg, CONV_NOT_TRACKED), conv_commit_steps=conv_steps)
+        for res, s in zip(results, steps, strict=True):
+            res.tracked_step = int(s)
 
 
 def _off_by_one_step(pre: int, post: int, commit_len: int, interval: int) -> int:

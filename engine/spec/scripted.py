@@ -17,7 +17,7 @@ from engine.req import Req
 def scripted_drafts(runner, r: Req, block_size: int, n_accept: int) -> list[int]:
     """B-1 draft tokens for request r: n_accept correct ones, then wrong ones."""
     if n_accept < 0:
-        n_accept = r.out.spec_verify_ct % block_size
+        n_accept = r.verify_steps % block_size
     n_accept = min(n_accept, block_size - 1)
     block = [r.pending]
     for _ in range(n_accept + 1):

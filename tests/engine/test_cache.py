@@ -104,6 +104,10 @@ def test_pool_full_waits_and_impossible_request_errors():
     (dict(mamba_track_interval=4, page_size=4, speculative_algorithm="DFLASH", speculative_num_draft_tokens=8),
      "must be >= speculative_num_draft_tokens"),
     (dict(mamba_radix_cache_strategy="no_buffer", page_size=16), "requires page_size 1"),
+    (dict(mamba_track_interval=16, speculative_algorithm="DFLASH", speculative_num_draft_tokens=16),
+     "must be >= 2 x 16 tokens per step with overlap scheduling"),
+    (dict(chunked_prefill_size=32), "chunked_prefill_size .32. must be >= the mamba cache chunk size"),
+    (dict(mamba_ssm_dtype="float16"), "mamba_ssm_dtype must be one of"),
     (dict(inject_fault="nope"), "valid faults: conv-not-tracked"),
     (dict(speculative_algorithm="EAGLE"), "speculative_algorithm must be one of"),
 ])

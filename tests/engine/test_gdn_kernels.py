@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import commit_verified_states, conv_pool_forward, gdn_pool_forward
-from engine.kernels.conv_naive import causal_conv1d, causal_conv1d_verify
-from engine.kernels.gdn_chunk import gdn_chunk
+from engine.kernels.conv_naive import causal_conv1d, causal_conv1d_verify, conv_window_at
+from engine.kernels.gdn_chunk import gdn_chunk, state_after
 from engine.kernels.gdn_naive import gdn_recurrent, gdn_verify
 
 
@@ -109,3 +109,61 @@ def test_state_scatter_naiveerence_commits_and_tracks():
             expect_track = base + ts if ts >= 0 else 0
             assert rec[layer, track[b], 0, 0, 0] == expect_track
             assert conv[layer, track[b], 0, 0] == expect_track
+
+
+# --- prefill checkpoints: the state at a chunk-aligned position inside an extend ------------------
+
+@pytest.mark.parametrize("T", [64, 100, 128, 200, 256])
+def test_chunk_states_are_the_recurrent_prefix_states(T):
+    """Entry n of the chunk states is the state after min((n+1)*64, T) tokens, as the recurrence has it."""
+    q, k, v, g, beta, s0 = _inputs(1, T, 2, 16, 8, seed=40 + T)
+    _, states = gdn_verify(q, k, v, g, beta, s0, 0.25)  # every step's state, the reference
+    o, final, chunk_states = gdn_chunk(q, k, v, g, beta, s0, 0.25, return_chunk_states=True)
+    assert chunk_states.shape == (1, -(-T // 64), 2, 16, 8)
+    assert torch.equal(chunk_states[:, -1], final)
+    for tokens in [t for t in range(64, T + 1, 64)] + [T]:
+        assert _rel(state_after(chunk_states, tokens, T), states[:, tokens - 1]) <= 1e-4, tokens
+
+
+@pytest.mark.parametrize("tokens,total", [(63, 200), (65, 200), (0, 200), (201, 200)])
+def test_state_after_refuses_positions_the_chunked_form_does_not_hold(tokens, total):
+    chunk_states = torch.zeros(1, 4, 1, 2, 2)
+    with pytest.raises(ValueError, match="no chunk state"):
+        state_after(chunk_states, tokens, total)
+
+
+def test_conv_window_at_equals_the_stepwise_window():
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 9, 5, generator=gen)
+    w = torch.randn(5, 4, generator=gen)
+    st = torch.randn(2, 5, 3, generator=gen)
+    _, windows = causal_conv1d_verify(x, st, w)
+    for t in range(1, 10):
+        assert torch.equal(conv_window_at(x, st, t), windows[:, t - 1])
+    assert torch.equal(conv_window_at(x, st, 0), st)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,offset", [(200, 192), (200, 64), (128, 128), (1, 1)])
+def test_pool_forward_checkpoints_inside_an_extend(T, offset, dtype):
+    """Extend mode with a track offset: the track slot gets the state there; everything else as without it."""
+    q, k, v, g, beta, s0 = _inputs(1, T, 2, 16, 8, seed=T + offset)
+    pool = torch.zeros(4, 2, 16, 8, dtype=dtype)
+    pool[1] = s0.to(dtype)
+    plain = pool.clone()
+    slots, track = torch.tensor([1]), torch.tensor([3])
+    o = gdn_pool_forward(q, k, v, g, beta, pool, slots, 0.25, track_slots=track, track_offsets=torch.tensor([offset]))
+    o_plain = gdn_pool_forward(q, k, v, g, beta, plain, slots, 0.25)
+    assert torch.equal(o, o_plain) and torch.equal(pool[1], plain[1])  # tracking changes nothing else
+    _, states = gdn_verify(q, k, v, g, beta, s0.to(dtype).float(), 0.25)
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    assert pool.dtype == dtype and _rel(pool[3].float(), states[0, offset - 1]) <= tol
+    # conv: the window `offset` tokens into the extend
+    x = torch.randn(1, T, 6, generator=torch.Generator().manual_seed(1))
+    w = torch.randn(6, 4, generator=torch.Generator().manual_seed(2))
+    cpool = torch.randn(4, 6, 3, generator=torch.Generator().manual_seed(3))
+    cplain, window_before = cpool.clone(), cpool[1:2].clone()
+    y = conv_pool_forward(x, cpool, slots, w, track_slots=track, track_offsets=torch.tensor([offset]))
+    assert torch.equal(y, conv_pool_forward(x, cplain, slots, w)) and torch.equal(cpool[1], cplain[1])
+    _, windows = causal_conv1d_verify(x, window_before, w)
+    assert torch.equal(cpool[3], windows[0, offset - 1])

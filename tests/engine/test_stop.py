@@ -1,11 +1,11 @@
-"""Stop conditions (scheduler.stop_reason) and min_new_tokens, as vLLM's stop checker orders them."""
+"""Stop conditions (stopping.finish_reason) and min_new_tokens, as vLLM's stop checker orders them."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.io_struct import SamplingParams
-from engine.scheduler import stop_reason
+from engine.stopping import finish_reason
 from protocol.tokenizer import EOS_ID
 
 
@@ -17,9 +17,14 @@ from protocol.tokenizer import EOS_ID
     (98, [97, 98], SamplingParams(stop=("xy", "b")), {"type": "stop", "matched": "b"}),
     (98, [97, 98], SamplingParams(stop=("ba",)), None),
     (98, [97, 98], SamplingParams(), None),
+    (EOS_ID, [97, EOS_ID], SamplingParams(min_new_tokens=3), None),  # no stop before min_new_tokens
+    (EOS_ID, [97, 98, EOS_ID], SamplingParams(min_new_tokens=3), {"type": "stop", "matched": EOS_ID}),
+    (98, [97, 98], SamplingParams(max_new_tokens=2, min_new_tokens=2), {"type": "length", "length": 2}),
+    (98, [97, 98], SamplingParams(max_new_tokens=2, stop_token_ids=(98,)), {"type": "stop", "matched": 98}),
 ])
 def test_stop_reason(token, output, params, want):
-    assert stop_reason(token, output, params) == want
+    assert output[-1] == token
+    assert finish_reason(output, params) == want
 
 
 def test_min_new_tokens_must_fit_max_new_tokens():

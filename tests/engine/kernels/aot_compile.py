@@ -39,10 +39,15 @@ def main() -> int:
     target = GPUTarget("cuda", 90, 32)
     act, st = "*bf16", "*fp32"
     cases = []
+    gdn_ptrs = dict(q=act, k=act, v=act, g=act, beta=act, o=act, pool=st, slots="*i64", inter=st,
+                    track_slots="*i64", track_steps="*i64")
+    gdn_dims = dict(H=32, HQ=16, DK=128, DV=128, BK=128, BV=8)
+    # extend with a prefill checkpoint, into a bf16 state pool (--mamba-ssm-dtype bfloat16)
+    cases.append((gdn_triton._gdn_recurrent_kernel, dict(gdn_ptrs, pool="*bf16"), ("scale",),
+                  dict(gdn_dims, VERIFY=False, TRACK=True), 1))
     for verify in (False, True):
-        cases.append((gdn_triton._gdn_recurrent_kernel,
-                      dict(q=act, k=act, v=act, g=act, beta=act, o=act, pool=st, slots="*i64", inter=st),
-                      ("scale",), dict(H=32, HQ=16, DK=128, DV=128, BK=128, BV=8, VERIFY=verify), 1))
+        cases.append((gdn_triton._gdn_recurrent_kernel, gdn_ptrs,
+                      ("scale",), dict(gdn_dims, VERIFY=verify, TRACK=False), 1))
         cases.append((conv_triton._conv_window_kernel,
                       dict(x=act, y=act, pool=st, slots="*i64", weight=act, inter=st),
                       (), dict(KW=3, BF=4, BW=4, BC=256, VERIFY=verify), 4))
@@ -54,7 +59,8 @@ def main() -> int:
         src = ASTSource(fn, _signature(fn, pointers, floats, constexprs), constexprs=constexprs)
         compiled = triton.compile(src, target=target, options={"num_warps": num_warps})
         assert compiled.asm.get("cubin"), fn.__name__
-        print(f"{fn.__name__} {constexprs.get('VERIFY', '')}: cubin {len(compiled.asm['cubin'])} bytes")
+        mode = f"{constexprs.get('VERIFY', '')} {constexprs.get('TRACK', '')}"
+        print(f"{fn.__name__} {mode}: cubin {len(compiled.asm['cubin'])} bytes")
     return 0
 
 

@@ -88,6 +88,31 @@ def test_gdn_decode_steps_chain_like_one_verify_block():
         assert _err(pool[SLOTS], inter[:, t]) <= 1e-5
 
 
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_gdn_extend_checkpoints_a_step_from_registers(pool_dtype):
+    """track_steps[b] >= 0: that step's state lands in track_slots[b]; the working states end as without it."""
+    B, T = 3, 6
+    (q, k, v, g, beta), pool = _gdn_inputs(B, T, 2, 2, 12, 10, torch.float32, seed=7)
+    pool = pool.to(pool_dtype)
+    plain = pool.clone()
+    track_slots = torch.tensor([8, 3, 6])
+    track_steps = torch.tensor([2, -1, 5])  # request 1 does not checkpoint; request 2 at its last step
+    o = gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, pool, SLOTS, 0.4, track_slots=track_slots,
+                                       track_steps=track_steps, block_v=4)
+    o_plain = gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, plain, SLOTS, 0.4, block_v=4)
+    _, states_ref = _gdn_reference(q, k, v, g, beta, _pool_before(pool_dtype)[SLOTS].float(), 0.4)
+    assert torch.equal(o, o_plain) and torch.equal(pool[SLOTS], plain[SLOTS])
+    tol = TOL[torch.float32] if pool_dtype == torch.float32 else TOL[torch.bfloat16]
+    assert _err(pool[8], states_ref[0, 2]) <= tol
+    assert _err(pool[6], states_ref[2, 5]) <= tol
+    assert torch.equal(pool[3], plain[3])  # request 1's track slot untouched
+
+
+def _pool_before(pool_dtype):
+    _, pool = _gdn_inputs(3, 6, 2, 2, 12, 10, torch.float32, seed=7)
+    return pool.to(pool_dtype)
+
+
 def test_gdn_empty_block_is_a_no_op():
     (q, k, v, g, beta), pool = _gdn_inputs(3, 0, 2, 2, 8, 8, torch.float32, seed=0)
     before = pool.clone()

@@ -1,0 +1,73 @@
+"""Executor: runs a ScheduleBatch on the runner (the device side of a step).
+
+It runs the prefill chunks (each extend writing its prefill checkpoint, if it
+has one, from the chunked kernel's intermediate state), then the decode batch:
+plain decode (checkpoint = a copy of the working state when the new length is a
+multiple of the track interval) or a DFlash draft + verify + commit. It
+advances each request's device view (`seq_len`, `pending`, `generated`) and
+returns a BatchResult for the host to process; it makes no bookkeeping
+decisions (the scheduler does, from the real lengths, when it processes the
+result).
+"""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.sampling import sample
+from engine.schedule_batch import BatchResult, PrefillChunk, ReqResult, ScheduleBatch
+from engine.spec.dflash import DFlashWorker
+from engine.stopping import take_until_finished
+from protocol.boundaries import decode_tracks
+
+
+class Executor:
+    def __init__(self, cfg: EngineConfig, runner):
+        self.cfg, self.runner = cfg, runner
+        self.worker = DFlashWorker(cfg, runner) if cfg.speculative else None
+
+    def run(self, batch: ScheduleBatch) -> BatchResult:
+        """Run every forward of the step; the requests' device views advance."""
+        result = BatchResult(prefill=[(chunk, self._extend(chunk)) for chunk in batch.prefill])
+        if batch.decode:
+            if self.worker is not None:
+                result.decode = self.worker.run(batch.decode, batch.track_slots)
+            else:
+                result.decode = self._decode(batch.decode, batch.track_slots)
+        return result
+
+    def _extend(self, chunk: PrefillChunk) -> ReqResult:
+        r = chunk.req
+        logits = self.runner.extend(list(r.prompt[chunk.start : chunk.end]), chunk.start, r.pages, r.working_slot,
+                                    chunk.track_slot, chunk.track_offset)
+        r.seq_len = chunk.end
+        if not chunk.last:
+            return ReqResult(r, chunk.start, [], None)
+        sp = r.req.sampling
+        if sp.max_new_tokens == 0:
+            r.device_finished = True
+            return ReqResult(r, chunk.start, [], None, {"type": "length", "length": 0})
+        return self._sampled(r, chunk.start, logits[None])
+
+    def _decode(self, reqs, track_slots: list[int] | None) -> list[ReqResult]:
+        logits = self.runner.decode([r.pending for r in reqs], [r.seq_len for r in reqs], [r.pages for r in reqs],
+                                    [r.working_slot for r in reqs])  # [B, V]
+        results = []
+        tracking = self.cfg.tracking and track_slots is not None
+        for b, r in enumerate(reqs):
+            pre = r.seq_len
+            r.seq_len = pre + 1
+            if tracking and decode_tracks(r.seq_len, self.cfg.mamba_track_interval):
+                self.runner.copy_state(r.working_slot, track_slots[b])
+            results.append(self._sampled(r, pre, logits[b : b + 1]))
+        return results
+
+    def _sampled(self, r, pre: int, logits) -> ReqResult:
+        """Sample the next token from logits [1, V]; discarded if r had already finished (an overlapped step)."""
+        token = sample(logits[0], r.req.sampling.temperature, r.generator)
+        r.pending = token
+        if r.device_finished:
+            return ReqResult(r, pre, [token], logits, discarded=True)
+        _, finish = take_until_finished(r.generated, [token], r.req.sampling)
+        r.generated.append(token)
+        r.device_finished = finish is not None
+        return ReqResult(r, pre, [token], logits, finish)
