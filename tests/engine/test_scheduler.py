@@ -1,4 +1,8 @@
-"""Scheduler as a unit, with a fake runner (real pools, no model): sizing, admission, chunks, tracking, finish."""
+"""Scheduler as a unit, with a fake runner (real pools, no model): sizing, admission, chunks, tracking, finish.
+
+Checkpoint positions follow SGLang (docs/engine.md): a prefill extend is checkpointed at its deepest
+position on the 64-token mamba chunk grid, a decode step at multiples of the track interval (8 here).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import torch
 from engine.io_struct import GenerateRequest, SamplingParams
 from engine.scheduler import CapacityError
 from protocol.tokenizer import BYTE_TOKENIZER, EOS_ID, VOCAB_SIZE
-from tests.engine.sched_fakes import LOGITS, PS, A, gen, make, pools, prefill_tree
+from tests.engine.sched_fakes import PS, A, gen, make, pools, prefill_tree, run, step, tree_size
 
 # --- sizing ---------------------------------------------------------------------------------------
 PAGES_CASES = [
@@ -99,7 +103,7 @@ def test_admission_cold_locks_the_root_and_zeroes_every_slot():
     r = sched.add(gen("r", A[:12], 4))
     sched.admit()
     assert (r.pages, r.own_pages_from, r.working_slot, r.track_slots) == ([0, 1, 2, 3, 4], 0, 0, [1, 2])
-    assert (r.seq_len, r.last_track_seqlen, r.out.cached_tokens) == (0, 0, 0)
+    assert (r.seq_len, r.last_track_seqlen, r.out.cached_tokens) == (0, None, 0)
     assert r.prefix_node is sched.radix.root and sched.radix.root.lock_ref == 2
     assert runner.calls == [("zero", [0, 1, 2])]
 
@@ -120,7 +124,8 @@ def test_radix_hit_at_admission_shares_pages_and_restores_the_checkpoint(prompt,
     r = sched.add(gen("r", prompt, 4))
     sched.admit()
     own = sched.pages_needed(r.req) - cached // PS
-    assert (r.out.cached_tokens, r.seq_len, r.last_track_seqlen) == (cached, cached, cached)
+    # the restored checkpoint is the tree's already: nothing is pending insertion
+    assert (r.out.cached_tokens, r.seq_len, r.last_track_seqlen) == (cached, cached, None)
     assert sched.counters["cached_tokens"] == cached
     assert r.own_pages_from == cached // PS
     assert r.pages == tree_pages[: cached // PS] + list(range(2, 2 + own))
@@ -131,7 +136,7 @@ def test_radix_hit_at_admission_shares_pages_and_restores_the_checkpoint(prompt,
     assert r.prefix_node is (node if cached else sched.radix.root)
     assert node.lock_ref == (1 if cached else 0)
     assert pools(sched) == (2 + own, 4)
-    assert sched.prefill_chunks() == [(r, cached, 8 if not cached else len(prompt))]
+    assert [(c.req, c.start, c.end, c.track_len) for c in sched.schedule().prefill] == [(r, cached, len(prompt), None)]
 
 
 def test_admission_evicts_the_radix_cache_when_the_pool_is_short():
@@ -145,53 +150,65 @@ def test_admission_evicts_the_radix_cache_when_the_pool_is_short():
 
 # --- planning and progress ------------------------------------------------------------------------
 CHUNK_CASES = [
-    # (case, config, prompt lengths, chunks (request index, start, end) of successive steps)
+    # (case, config, prompt lengths, chunks (request index, start, end, checkpoint length) of successive steps)
     ("budget-shared", dict(disable_radix_cache=True, chunked_prefill_size=10), [7, 9, 3],
-     [[(0, 0, 7), (1, 0, 3)], [(1, 3, 9), (2, 0, 3)]]),
+     [[(0, 0, 7, None)], [(1, 0, 9, None)], [(2, 0, 3, None)]]),  # a cut must be whole pages: 3 -> 0, wait
     ("budget-per-step", dict(disable_radix_cache=True, chunked_prefill_size=8), [20],
-     [[(0, 0, 8)], [(0, 8, 16)], [(0, 16, 20)]]),
-    ("tracking-ends-at-interval", dict(chunked_prefill_size=64), [20], [[(0, 0, 8)], [(0, 8, 16)], [(0, 16, 20)]]),
-    ("tracking-small-budget", dict(chunked_prefill_size=5), [20],
-     [[(0, 0, 5)], [(0, 5, 8)], [(0, 8, 13)], [(0, 13, 16)], [(0, 16, 20)]]),
-    ("tracking-two-requests", dict(chunked_prefill_size=12), [10, 6],
-     [[(0, 0, 8), (1, 0, 4)], [(0, 8, 10), (1, 4, 6)]]),
+     [[(0, 0, 8, None)], [(0, 8, 16, None)], [(0, 16, 20, None)]]),
+    ("budget-cut-to-pages", dict(disable_radix_cache=True, chunked_prefill_size=10), [20],
+     [[(0, 0, 8, None)], [(0, 8, 16, None)], [(0, 16, 20, None)]]),
+    ("tracking-under-one-chunk", dict(chunked_prefill_size=64), [40], [[(0, 0, 40, None)]]),
+    ("tracking-deepest-aligned", dict(chunked_prefill_size=256), [150], [[(0, 0, 150, 128)]]),
+    ("tracking-cut-extend", dict(chunked_prefill_size=64), [100], [[(0, 0, 64, 64)], [(0, 64, 100, None)]]),
+    ("tracking-two-requests", dict(chunked_prefill_size=128), [70, 100],
+     [[(0, 0, 70, 64), (1, 0, 56, None)], [(1, 56, 100, None)]]),  # r1's extends are each under one chunk
 ]
 
 
 @pytest.mark.parametrize("kw,lengths,steps", [c[1:] for c in CHUNK_CASES], ids=[c[0] for c in CHUNK_CASES])
 def test_prefill_chunks(kw, lengths, steps):
-    sched, _ = make(num_pages=64, **kw)
+    sched, runner = make(num_pages=128, max_context=256, **kw)
     reqs = [sched.add(gen(f"r{i}", A[:n], 1)) for i, n in enumerate(lengths)]
-    sched.admit()
-    for want in steps:
-        chunks = sched.prefill_chunks()
-        assert [(reqs.index(r), s, e) for r, s, e in chunks] == want
-        for r, _, e in chunks:
-            sched.on_tokens_committed(r, e)
-    assert sched.prefill_chunks() == []
+    run(sched, {r.rid: [65] for r in reqs})
+    got = [[(reqs.index(c.req), c.start, c.end, c.track_len) for c in b.prefill] for b in runner.batches]
+    assert got == steps
+    tracked = [(c.track_len, c.track_slot) for b in runner.batches for c in b.prefill if c.track_len is not None]
+    assert [("track", n, slot) for n, slot in tracked] == [c for c in runner.calls if c[0] == "track"]
 
 
-def test_tracking_records_boundaries_in_ping_pong_slots():
-    sched, _ = make()
-    r = sched.add(gen("r", A[:30], 10))
+def test_prefill_checkpoint_enters_the_tree_before_the_next_chunk():
+    sched, _ = make(num_pages=128, max_context=256, chunked_prefill_size=64)
+    r = sched.add(gen("r", A[:100], 1))
+    step(sched, {})  # extend 0..64, checkpoint at 64 in the first ping-pong slot
+    t0, pages = r.track_slots[0], r.pages[:16]
+    assert (r.last_track_seqlen, r.next_track_idx, sched.radix.cached_checkpoints) == (64, 1, 0)
+    step(sched, {"r": [65]})  # cache_unfinished_req before planning 64..100: the slot is donated to the tree
+    node = sched.radix.match_prefix(A[:100]).node
+    assert (node.depth, node.checkpoint, node.pages) == (64, t0, pages)
+    assert r.out.finished and pools(sched) == (16, 1)  # r released: the tree keeps 64 tokens and the checkpoint
+
+
+def test_decode_checkpoints_alternate_the_ping_pong_slots():
+    sched, runner = make(num_pages=64, max_context=128)
+    r = sched.add(gen("r", A[:13], 21))  # committed length reaches 13 + 20 = 33
     sched.admit()
-    t0, t1 = r.track_slots
-    got = []
-    for new_len in (4, 8, 8, 12, 16, 17, 24, 31, 32):
-        due = sched.on_tokens_committed(r, new_len)
-        slot = sched.record_track(r, new_len) if due else None
-        got.append((new_len, due, slot, r.last_track_seqlen, r.track_count))
-    assert got == [(4, False, None, 0, 0), (8, True, t0, 8, 1), (8, False, None, 8, 1), (12, False, None, 8, 1),
-                   (16, True, t1, 16, 2), (17, False, None, 16, 2), (24, True, t0, 24, 3), (31, False, None, 24, 3),
-                   (32, True, t1, 32, 4)]
-    assert (r.seq_len, r.last_track_slot) == (32, t1)
+    w, (t0, t1) = r.working_slot, r.track_slots
+    seen = {}
+    script = {"r": list(range(65, 86))}
+    while not r.out.finished:
+        step(sched, script)
+        seen[r.seq_len] = r.last_track_seqlen
+    assert [seen[n] for n in (13, 15, 16, 23, 24, 31, 32, 33)] == [None, None, 16, 16, 24, 24, 32, 32]
+    assert runner.calls == [("zero", [w, t0, t1]), ("copy", w, t0), ("copy", w, t1), ("copy", w, t0)]
+    node = sched.radix.match_prefix(A[:13] + list(range(65, 86))).node
+    assert (node.depth, node.checkpoint) == (32, t0)  # the last checkpoint, in the slot the last copy wrote
 
 
 def test_no_tracking_without_the_extra_buffer():
-    sched, _ = make(disable_radix_cache=True)
-    r = sched.add(gen("r", A[:30], 10))
-    sched.admit()
-    assert [sched.on_tokens_committed(r, n) for n in (8, 16, 24)] == [False, False, False]
+    sched, runner = make(disable_radix_cache=True)
+    r = sched.add(gen("r", A[:13], 12))  # decodes through 16 and 24
+    run(sched, {"r": list(range(65, 77))})
+    assert (r.seq_len, r.last_track_seqlen, runner.calls) == (24, None, [("zero", [0])])
 
 
 def ids(text: str) -> list[int]:
@@ -199,40 +216,43 @@ def ids(text: str) -> list[int]:
 
 
 FINISH_CASES = [
-    # (case, sampling, tokens appended, index of the finishing token, finish_reason)
-    ("length", dict(max_new_tokens=3), [65, 66, 67], 2, {"type": "length", "length": 3}),
-    ("eos", dict(max_new_tokens=5), [65, EOS_ID], 1, {"type": "stop", "matched": EOS_ID}),
+    # (case, sampling, scripted tokens, index of the finishing token, finish_reason)
+    ("length", dict(max_new_tokens=3), [65, 66, 67, 68], 2, {"type": "length", "length": 3}),
+    ("eos", dict(max_new_tokens=5), [65, EOS_ID, 66], 1, {"type": "stop", "matched": EOS_ID}),
     ("eos-ignored", dict(max_new_tokens=3, ignore_eos=True), [EOS_ID] * 3, 2, {"type": "length", "length": 3}),
-    ("stop-token-id", dict(max_new_tokens=5, stop_token_ids=(66,)), [65, 66], 1, {"type": "stop", "matched": 66}),
+    ("stop-token-id", dict(max_new_tokens=5, stop_token_ids=(66,)), [65, 66, 67], 1, {"type": "stop", "matched": 66}),
     ("stop-token-id-despite-ignore-eos", dict(max_new_tokens=5, ignore_eos=True, stop_token_ids=(EOS_ID,)),
      [65, EOS_ID], 1, {"type": "stop", "matched": EOS_ID}),
-    ("stop-string", dict(max_new_tokens=9, stop=("lo",)), ids("hello"), 4, {"type": "stop", "matched": "lo"}),
+    ("stop-string", dict(max_new_tokens=9, stop=("lo",)), ids("hello!"), 4, {"type": "stop", "matched": "lo"}),
     ("stop-string-first-listed", dict(max_new_tokens=9, stop=("zz", "b", "ab")), ids("xab"), 2,
      {"type": "stop", "matched": "b"}),
     ("stop-beats-length", dict(max_new_tokens=2), [65, EOS_ID], 1, {"type": "stop", "matched": EOS_ID}),
-    ("one-token-limit", dict(max_new_tokens=1), [65], 0, {"type": "length", "length": 1}),
+    ("min-new-tokens-holds-eos", dict(max_new_tokens=4, min_new_tokens=2), [EOS_ID, EOS_ID, 65], 1,
+     {"type": "stop", "matched": EOS_ID}),
+    ("one-token-limit", dict(max_new_tokens=1), [65, 66], 0, {"type": "length", "length": 1}),
 ]
 
 
 @pytest.mark.parametrize("sp,tokens,at,reason", [c[1:] for c in FINISH_CASES], ids=[c[0] for c in FINISH_CASES])
-def test_append_token_finish_reasons(sp, tokens, at, reason):
+def test_finish_reasons_end_the_request_at_the_right_token(sp, tokens, at, reason):
     sched, _ = make()
-    r = sched.add(GenerateRequest("r", tuple(A[:4]), SamplingParams(**sp)))
-    sched.admit()
-    finished = [sched.append_token(r, t, LOGITS) for t in tokens]
-    assert finished == [i == at for i in range(len(tokens))]
-    assert (r.out.finish_reason, r.out.finished, r.pending) == (reason, True, tokens[-1])
-    assert r.out.output_ids == tokens and sched.counters["generation_tokens"] == len(tokens)
+    r = sched.add(GenerateRequest("r", tuple(A[:4]), SamplingParams(**{"temperature": 0.0, **sp})))
+    assert run(sched, {"r": list(tokens)}) == [r]
+    assert (r.out.finish_reason, r.out.finished, r.out.output_ids) == (reason, True, tokens[: at + 1])
+    assert sched.counters["generation_tokens"] == at + 1
     assert r.out.output_logprobs == []  # none asked for
+    # what the tree kept (a decode checkpoint at 8 where 4 + the tokens committed reach it) is all that is held
+    assert pools(sched) == tree_size(sched) == ((2, 1) if at == 4 else (0, 0))
 
 
-def test_append_token_records_logprobs_when_asked():
+def test_logprobs_are_recorded_when_asked():
     sched, _ = make()
-    r = sched.add(GenerateRequest("r", tuple(A[:4]), SamplingParams(max_new_tokens=2), return_logprob=True,
-                                  top_logprobs_num=2))
-    sched.admit()
-    logits = torch.full((VOCAB_SIZE,), -1e9)
-    logits[7], logits[9] = 1.0, 0.0
-    sched.append_token(r, 9, logits)
-    assert r.out.output_logprobs == [pytest.approx(-1.3133, abs=1e-4)]  # log(1 / (e + 1))
-    assert [t for _, t in r.out.output_top_logprobs[0]] == [7, 9]
+    r = sched.add(GenerateRequest("r", tuple(A[:4]), SamplingParams(max_new_tokens=2, temperature=0.0),
+                                  return_logprob=True, top_logprobs_num=2))
+    first, second = torch.full((VOCAB_SIZE,), -1e9), torch.full((VOCAB_SIZE,), -1e9)
+    first[7], first[9] = 1.0, 0.0
+    second[7], second[9] = 0.0, 1.0
+    run(sched, {"r": [first, second]})
+    assert r.out.output_ids == [7, 9]
+    assert r.out.output_logprobs == [pytest.approx(-0.3133, abs=1e-4)] * 2  # log(e / (e + 1))
+    assert [[t for _, t in top] for top in r.out.output_top_logprobs] == [[7, 9], [9, 7]]
