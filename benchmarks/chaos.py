@@ -48,10 +48,11 @@ def replica_servers(run_id: str) -> list[int]:
 
 
 def records(run_dir: Path) -> list[dict]:
+    """Every request record line (duplicates kept, to be counted); per-sweep-point stats records are not requests."""
     out = []
     for path in sorted((run_dir / "records").glob("*.jsonl")):
         out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return out
+    return [r for r in out if r.get("role") != "stats"]
 
 
 class Monkey(threading.Thread):
