@@ -10,6 +10,9 @@ analyzer. Adding a fault to engine/faults.py means adding one row to FAULT_PATHS
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import pandas as pd
 import pytest
 
@@ -35,17 +38,52 @@ def restored_verify(row: dict) -> bool:
     return bool(row["restored_verify_crossed"])
 
 
-def restored(row: dict) -> bool:
-    return bool(row["restored"])
+def restored_untracked_verify(row: dict) -> bool:
+    """Restored a checkpoint whose verify crossing the previous turn's engine did not copy (its trace says so)."""
+    return bool(row["restored_verify_crossed"]) and row["restored_crossing_tracked"] is False
 
 
-# fault -> (which requests went through the faulty code, the boundary kind that must carry them)
+def restored_generated(row: dict) -> bool:
+    """Restored a checkpoint the previous turn took while generating (decode/verify), inserted when it finished."""
+    return bool(row["restored"]) and row["cached_tokens"] > row["prev_input_len"]
+
+
+def restored_prefill(row: dict) -> bool:
+    """Restored a checkpoint the previous turn took inside its prompt's prefill extend."""
+    return bool(row["restored"]) and row["cached_tokens"] <= row["prev_input_len"]
+
+
+def any_verify(row: dict) -> bool:
+    return (row["spec_verify_ct"] or 0) > 0
+
+
+@dataclass(frozen=True)
+class FaultPath:
+    """Which requests went through a fault's code, the boundary kind that must carry them, how many the
+    workload must reach, and whether the wrong state is there from the restore on (first flagged output 0)."""
+
+    affected: Callable[[dict], bool]
+    kind: str
+    reach: int = 10  # B * (B + 1) / 2: every (step, commit length) cell of the block
+    from_restore: bool = True
+
+
 FAULT_PATHS = {
-    "stale-seq-lens": (restored_verify, "restored_verify"),  # verify crossing never copied into the slot
-    "track-off-by-one": (restored_verify, "restored_verify"),  # the slot holds the state one token late
-    "conv-not-tracked": (restored_verify, "restored_verify"),  # the slot's conv window is stale
-    "insert-working-state": (restored, "restored"),  # every inserted checkpoint holds the end-of-request state
+    "stale-seq-lens": FaultPath(restored_verify, "restored_verify"),  # verify crossing never copied into the slot
+    "track-off-by-one": FaultPath(restored_verify, "restored_verify"),  # the slot holds the state one token late
+    "conv-not-tracked": FaultPath(restored_verify, "restored_verify"),  # the slot's conv window is stale
+    "insert-working-state": FaultPath(restored_generated, "restored"),  # what finish inserts holds the end state
+    # a verify right after a join copies nothing: only the cover sessions whose first verify crosses
+    "track-dropped-on-batch-change": FaultPath(restored_untracked_verify, "restored_verify", reach=1),
+    "pingpong-double-flip": FaultPath(restored_generated, "restored"),  # the tree gets the other ping-pong slot
+    # the conv window keeps a rejected draft's input: every request with a partial acceptance, cache or not
+    "conv-rollback-wrong-step": FaultPath(any_verify, "divergence", reach=20, from_restore=False),
+    "prefill-checkpoint-off-boundary": FaultPath(restored_prefill, "restored", reach=1),  # the `prefill` session
 }
+# Reached only under state-pool pressure with concurrent requests, which this one-request-at-a-time driver does
+# not make: tests/engine/test_faults.py::test_evict_matched_checkpoint_restores_an_evicted_slot and the gate run
+# with --candidate-args "--max-state-slots N" (docs/engine.md) cover it.
+PRESSURE_ONLY = {"evict-matched-checkpoint"}
 
 
 def _text_session(sid: str, text: str, max_new: int, turn1_new: int = 8) -> Session:
@@ -62,6 +100,8 @@ def sessions() -> list[Session]:
             _text_session("stem", stem, 12),  # crosses 2I in a verify step
             _text_session("ckpt", stem[:I] + "ckpt = {'a': 1}\n", 6),  # inserts [0, I) from prefill's checkpoint
             _text_session("page", stem[: I + 16] + "page = 7\n", 20),  # restores I from `ckpt` (another session)
+            # a 100-token prompt: one extend, checkpointed at 64 (the chunk grid), restored by its next turn
+            _text_session("prefill", "".join(f"v{k} = {k * k}\n" for k in range(20))[:100], 8),
             _text_session("control", "x = 1\n", 8, 4)]
 
 
@@ -120,7 +160,7 @@ def analyzed(fault: str | None, references: dict) -> pd.DataFrame:
 
 
 def test_every_registered_fault_has_a_detection_row():
-    assert set(FAULT_PATHS) == set(FAULTS)
+    assert set(FAULT_PATHS) | PRESSURE_ONLY == set(FAULTS) and not set(FAULT_PATHS) & PRESSURE_ONLY
 
 
 def test_the_clean_engine_is_never_flagged(references):
@@ -134,23 +174,28 @@ def test_the_clean_engine_is_never_flagged(references):
 
 @pytest.mark.parametrize("fault", sorted(FAULT_PATHS))
 def test_fault_is_flagged_where_it_acts(fault, references):
-    went_through, kind = FAULT_PATHS[fault]
+    path = FAULT_PATHS[fault]
     df = analyzed(fault, references)
     rows = df.to_dict("records")
-    affected = {r["key"] for r in rows if went_through(r)}
+    inputs = {(r["session_id"], r["turn"]): r["input_len"] for r in rows}
+    for r in rows:
+        r["prev_input_len"] = inputs.get((r["session_id"], r["turn"] - 1), 0)
+    affected = {r["key"] for r in rows if path.affected(r)}
     flagged = {r["key"] for r in rows if r["class"] in ("drift", "hard")}
-    assert len(affected) >= B * (B + 1) // 2, "the workload must reach the faulty code"
+    assert len(affected) >= path.reach, "the workload must reach the faulty code"
     assert flagged == affected, (sorted(affected - flagged), sorted(flagged - affected))
+    b = boundaries_table(df)
+    cells = b[b["boundary_kind"] == path.kind]
+    assert int((cells["drift"] + cells["hard"]).sum()) == len(affected)
+    if not path.from_restore:
+        return
     # The state is wrong from the restore on, so the first flagged position is the first output token; the tiny
     # random model's first token is sometimes saturated (top-1 log-prob ~ 0), then it shows one token later.
     # (On the trained model every one starts at output 0: docs/reports.md, "Attribution from the onset".)
     onsets = [r["drift_onset"] if not pd.isna(r["drift_onset"]) else r["first_divergence"]
               for r in rows if r["key"] in affected]
     assert max(onsets) <= 1 and sum(o == 0 for o in onsets) >= len(onsets) // 2
-    b = boundaries_table(df)
-    cells = b[b["boundary_kind"] == kind]
-    assert int((cells["drift"] + cells["hard"]).sum()) == len(affected)
     assert int(cells["onset_at_restore"].sum()) == sum(o == 0 for o in onsets)
-    if kind == "restored_verify":  # every restored cell of the block is flagged
+    if path.kind == "restored_verify" and path.reach >= B * (B + 1) // 2:  # every restored cell is flagged
         cov = coverage_table(df)
         assert (cov["restored"] > 0).all() and (cov["restored_flagged"] == cov["restored"]).all()
