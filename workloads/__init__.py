@@ -48,21 +48,23 @@ def list_suites() -> list[str]:
     return list(BUILTIN_SUITES)
 
 
-def committed_frozen_fits(intervals: tuple[int, ...], block_size: int, tokenizer: Tokenizer, seed: int) -> bool:
+def committed_frozen_fits(intervals: tuple[int, ...], block_size: int, tokenizer: Tokenizer | None,
+                          seed: int) -> bool:
     """True when the committed frozen.jsonl is the suite for this target (else it is generated)."""
-    return (set(intervals) <= set(DEFAULT_INTERVALS) and block_size == DEFAULT_BLOCK_SIZE
+    return (tokenizer is not None and set(intervals) <= set(DEFAULT_INTERVALS) and block_size == DEFAULT_BLOCK_SIZE
             and tokenizer.name == "byte" and seed == 0)
 
 
 def load_suite(name_or_path: str | Path, *, seed: int = 0, num_requests: int = 1024,
                intervals: tuple[int, ...] = DEFAULT_INTERVALS, block_size: int = DEFAULT_BLOCK_SIZE,
-               tokenizer: Tokenizer = BYTE_TOKENIZER, max_context: int | None = CONTEXT_TOKENS) -> list[Session]:
+               tokenizer: Tokenizer | None = BYTE_TOKENIZER, max_context: int | None = CONTEXT_TOKENS) -> list[Session]:
     """Sessions of a built-in suite ("frozen", "load", "cover") or of a user JSONL file (validated).
 
     `intervals` and `block_size` are the target's (its pools' track intervals, its DFlash block size B): the
     frozen and load suites place their prompts around those boundaries, at offsets from -B. `seed` applies to
     the generated suites (frozen: where its text starts; load: everything), `num_requests` to "load".
-    `tokenizer`: the target's, for exact prompt lengths and for a user file's `text` and ids. Generated frozen
+    `tokenizer`: the target's, for exact prompt lengths and for a user file's `text` and ids (None: unknown, so
+    a user file's ids are taken as given and text-only prompts are refused). Generated frozen
     sessions that could outgrow `max_context` tokens are left out; a user file's are refused.
     """
     # Imported here, not at the top: `python -m workloads.frozen` would otherwise run a module

@@ -18,7 +18,7 @@ from workloads.schema import CONTEXT_TOKENS, SESSION_FIELDS, TURN_FIELDS, Sessio
 class _Line:
     """Where a value came from, to name it in errors."""
 
-    def __init__(self, name: str, lineno: int, tokenizer: Tokenizer = BYTE_TOKENIZER) -> None:
+    def __init__(self, name: str, lineno: int, tokenizer: Tokenizer | None = BYTE_TOKENIZER) -> None:
         self.name = name
         self.lineno = lineno
         self.tokenizer = tokenizer
@@ -40,16 +40,20 @@ def _ids(line: _Line, field: str, value: object, *, allow_empty: bool) -> tuple[
     for i, t in enumerate(value):
         if not _is_int(t):
             raise line.fail(f"{field}[{i}]", f"must be an integer token id, got {json.dumps(t)}")
-        vocab = line.tokenizer.vocab_size
-        if not 0 <= t < vocab:
+        vocab = line.tokenizer.vocab_size if line.tokenizer is not None else None
+        if t < 0 or vocab is not None and t >= vocab:
+            if vocab is None:
+                raise line.fail(f"{field}[{i}]", f"token id {t} is negative")
             raise line.fail(f"{field}[{i}]", f"token id {t} is outside the vocabulary 0..{vocab - 1}"
                             + ("" if line.tokenizer.name == "byte" else f" of tokenizer {line.tokenizer.name}"))
     return tuple(value)
 
 
-def _text_of(ids: tuple[int, ...], tokenizer: Tokenizer) -> str | None:
+def _text_of(ids: tuple[int, ...], tokenizer: Tokenizer | None) -> str | None:
     """The text of `ids`: for the byte tokenizer only when they are valid UTF-8 bytes (else None); for other
-    tokenizers their decoding (special tokens dropped), None when it fails."""
+    tokenizers their decoding (special tokens dropped), None when it fails or there is no tokenizer."""
+    if tokenizer is None:
+        return None
     if tokenizer.name != "byte":
         try:
             return tokenizer.decode(ids)
@@ -72,6 +76,9 @@ def _ids_and_text(line: _Line, obj: dict, prefix: str, ids_key: str, text_key: s
     if obj.get(ids_key) is None:
         if text is None:
             raise line.fail(prefix + ids_key, f"missing: give '{ids_key}' or '{text_key}'")
+        if line.tokenizer is None:
+            raise line.fail(prefix + text_key, f"encoding text needs the target's tokenizer: pass --tokenizer (or "
+                            f"give '{ids_key}')")
         ids = tuple(line.tokenizer.encode(text))
         if not ids and not allow_empty:
             raise line.fail(prefix + text_key, "must not be empty")
@@ -79,6 +86,8 @@ def _ids_and_text(line: _Line, obj: dict, prefix: str, ids_key: str, text_key: s
     ids = _ids(line, prefix + ids_key, obj[ids_key], allow_empty=allow_empty)
     if text is None:
         return ids, _text_of(ids, line.tokenizer)
+    if line.tokenizer is None:  # nothing to check the text against: ids and text are taken as given
+        return ids, text
     encoded = tuple(line.tokenizer.encode(text))
     if encoded != ids and _text_of(ids, line.tokenizer) != text:  # BPE: ids need not be text's canonical encoding
         pairs = enumerate(zip(ids, encoded, strict=False))
@@ -156,7 +165,7 @@ def parse_session(line: _Line, obj: object, *, default_suite: str) -> Session:
 
 
 def parse_jsonl(text: str, *, name: str, default_suite: str, max_context: int | None = CONTEXT_TOKENS,
-                tokenizer: Tokenizer = BYTE_TOKENIZER) -> list[Session]:
+                tokenizer: Tokenizer | None = BYTE_TOKENIZER) -> list[Session]:
     """Sessions of a JSONL text (blank lines skipped); `name` is used in error messages; `text` fields are
     encoded and ids checked with `tokenizer`."""
     sessions: list[Session] = []
@@ -184,7 +193,7 @@ def parse_jsonl(text: str, *, name: str, default_suite: str, max_context: int | 
 
 
 def validate_file(path: str | Path, *, max_context: int | None = CONTEXT_TOKENS,
-                  tokenizer: Tokenizer = BYTE_TOKENIZER) -> list[Session]:
+                  tokenizer: Tokenizer | None = BYTE_TOKENIZER) -> list[Session]:
     """Read and check a workload JSONL file (text and ids in `tokenizer`); the default suite is the file's stem."""
     path = Path(path)
     try:
