@@ -156,3 +156,4 @@ def test_stale_seq_lens_behind_a_spec_trace_stripping_proxy_is_attributed_by_pos
     assert "Turns that restored a checkpoint their previous turn crossed (position-linked" in summary
     html = (runs / "stripped" / "report.html").read_text()
     assert "position-linked" in html and "no restored checkpoint was crossed" not in html
+    assert html.count("<pre>candidate: ") >= len(flagged)  # the cases show text, decoded with the byte tokenizer
