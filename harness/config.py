@@ -20,7 +20,7 @@ PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
 
 # Settings that define what a run measures; a resume must not change them.
-RESUME_FIXED = ("suite", "num_requests", "intervals", "concurrency", "block_size", "model_path",
+RESUME_FIXED = ("suite", "num_requests", "seed", "intervals", "concurrency", "block_size", "model_path",
                 "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer",
                 "candidate_args", "diagnose", "cover")
 # Settings a resume never takes from the run directory (a file anyone with write access to it could have
@@ -45,6 +45,8 @@ class RunConfig:
 
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
     num_requests: int | None = setting(None, "int", "requests of the load suite")
+    seed: int = setting(0, "int", "seed of the generated suites: the load profile, and where the frozen suite's "
+                        "text starts (0 with I=128/256, B=8 and the byte tokenizer: the committed frozen suite)")
     intervals: tuple[int, ...] = setting((128, 256), "ints", "mamba track intervals; one candidate pool each")
     concurrency: tuple[int, ...] = setting((1, 4, 8, 16), "ints", "sweep points: requests in flight per pool")
     replicas: int = setting(1, "int", "replicas per candidate pool")
@@ -164,6 +166,7 @@ def validate(c: RunConfig) -> None:
 
     need(bool(c.suite), "--suite must not be empty")
     need(c.num_requests is None or c.num_requests >= 1, f"--num-requests must be >= 1, got {c.num_requests}")
+    need(c.seed >= 0, f"--seed must be >= 0, got {c.seed}")
     for name in ("intervals", "concurrency"):
         vals = getattr(c, name)
         need(len(vals) > 0, f"{flag(name)} needs at least one value")

@@ -11,8 +11,9 @@ reference request for the whole run. Records are written as answers arrive.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import aiohttp
@@ -40,7 +41,8 @@ class Driver:
                  existing: dict[str, dict] | None = None, existing_refs: dict[str, dict] | None = None,
                  request_timeout: float = 600.0, max_retries: int = 3, reference_concurrency: int = 8,
                  sequential_pools: bool = False, api_key: str | None = None,
-                 tokenizers: dict[str, str] | None = None) -> None:
+                 tokenizers: dict[str, str] | None = None, decode: Callable[[list[int]], str] | None = None
+                 ) -> None:
         self.run_id, self.concurrency = run_id, concurrency
         self.candidates, self.reference = candidates, reference
         self.files, self.http, self.progress = files, http, progress
@@ -50,6 +52,7 @@ class Driver:
         self.reference_concurrency = reference_concurrency
         self.sequential_pools, self.api_key = sequential_pools, api_key
         self.tokenizers = tokenizers or {}
+        self.decode = decode  # the target's tokenizer: the text of answers that come without it
         self.ref_futures: dict[str, asyncio.Future] = {}
         self.sent: dict[str, int] = {}  # pool -> candidate requests sent by this process
         self.failed: dict[str, int] = {}  # pool -> candidate records with an error
@@ -236,6 +239,11 @@ class Driver:
     def _record(self, pool: Pool, replica: Replica | None, concurrency: int | None, session, turn: int,
                 ids: list[int], max_new: int, gen, t_start: float, retries: int, error: str | None, key: str,
                 h: str | None = None) -> dict:
+        if gen is not None and not gen.output_text and gen.output_ids and self.decode is not None:
+            try:
+                gen = dataclasses.replace(gen, output_text=self.decode(gen.output_ids))
+            except ValueError:  # an id outside the tokenizer's vocabulary: the record keeps no text
+                pass
         return build_record(
             run_id=self.run_id, key=key, role=pool.role, pool=pool.name, engine=pool.engine_record(replica),
             concurrency=concurrency, replica_id=replica.replica_id if replica else "",

@@ -145,6 +145,8 @@ class Plan:
     reference: PoolPlan
     concurrency: tuple[int, ...]
     skipped_sessions: int  # sessions whose interval has no pool
+    workload: str = ""  # what the sessions were built for (harness/workload.py)
+    tokenizer: object = None  # the target's Tokenizer (None: unknown), for the records' text
 
     @property
     def total_candidate_requests(self) -> int:
@@ -156,6 +158,8 @@ class Plan:
                  f"point over {len(self.candidates)} candidate pool(s)"
                  + (f"; {self.skipped_sessions} session(s) target an interval with no pool" if
                     self.skipped_sessions else "")]
+        if self.workload:
+            lines.append(self.workload)
         where = "external endpoints" if cfg.external else (
             f"Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one placement group per "
             f"replica: {cfg.tp_size} bundle(s) of {{'CPU': 1}}, strategy {cfg.placement}, replicas spread "

@@ -15,7 +15,7 @@ import shlex
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import aiohttp
@@ -29,6 +29,8 @@ from harness.plan import Plan, builtin_plan, external_plan
 from harness.pools import HarnessError, Pool, external_pools
 from harness.progress import Progress
 from harness.ray_pools import RayPools
+from harness.workload import describe as describe_workload
+from harness.workload import load_sessions, target_of
 from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles, load_run
 from records.rundir import create_run_dir, new_run_id, update_latest, write_json
@@ -37,18 +39,6 @@ from reports.incidents import incident_lines
 from reports.render import render_run
 
 EXIT_INTERRUPTED = 130  # Ctrl-C; the run can be finished with --resume
-
-
-def load_sessions(cfg: RunConfig) -> list:
-    """The workload's sessions, through the workloads package API."""
-    from workloads import load_suite
-
-    kwargs = {"num_requests": cfg.num_requests} if cfg.num_requests else {}
-    if cfg.cover:
-        kwargs = {"intervals": cfg.intervals, "block_size": cfg.block_size}
-    elif cfg.suite == "load" and not cfg.external:  # every generated request targets a pool of this run
-        kwargs["intervals"] = cfg.intervals
-    return list(load_suite(cfg.workload, **kwargs))
 
 
 def backend_of(cfg: RunConfig) -> Backend:
@@ -65,19 +55,26 @@ async def probe_endpoints(cfg: RunConfig, backend: Backend, generate_probe: bool
     return dict(zip([u for u, _ in roles], infos, strict=True))
 
 
-def make_plan(cfg: RunConfig, sessions: list, probe: bool, backend: Backend | None = None
-              ) -> tuple[Plan, dict[str, dict]]:
-    """The run plan; for external endpoints this contacts them (probe: also one short request each)."""
+def make_plan(cfg: RunConfig, sessions: list | None, probe: bool, backend: Backend | None = None
+              ) -> tuple[Plan, dict[str, dict]]:  # sessions: given (tests), else built for the target
+    """The run plan; for external endpoints this contacts them (probe: also one short request each) and builds
+    the sessions for what they report (intervals, block size, tokenizer); ConfigError / HarnessError."""
     if not cfg.external:
-        return builtin_plan(cfg, sessions), {}
+        target = target_of(cfg, {})
+        sessions, left_out = load_sessions(cfg, target) if sessions is None else (sessions, 0)
+        return replace(builtin_plan(cfg, sessions), workload=describe_workload(cfg, target, left_out),
+                       tokenizer=target.tokenizer), {}
     try:
         infos = asyncio.run(probe_endpoints(cfg, backend or backend_of(cfg), probe))
     except (RequestError, ReplicaFailure) as e:
         raise HarnessError(str(e)) from None
+    target = target_of(cfg, infos)
+    sessions, left_out = load_sessions(cfg, target)
     try:
-        return external_plan(cfg, sessions, infos), infos
+        plan = external_plan(cfg, sessions, infos)
     except ValueError as e:
         raise HarnessError(str(e)) from None
+    return replace(plan, workload=describe_workload(cfg, target, left_out), tokenizer=target.tokenizer), infos
 
 
 def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: list[Pool],
@@ -97,7 +94,8 @@ def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: 
                            "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id}
                                         for r in p.replicas]} for p in pools},
         "plan": {"concurrency": list(plan.concurrency), "skipped_sessions": plan.skipped_sessions,
-                 "total_candidate_requests": plan.total_candidate_requests,
+                 "total_candidate_requests": plan.total_candidate_requests, "workload": plan.workload,
+                 "tokenizer": plan.tokenizer.name if plan.tokenizer is not None else None,
                  "requests_per_point": {p.name: p.requests_per_point for p in plan.candidates}},
         "host": {"python": platform.python_version(), "platform": platform.platform()},
     }
@@ -109,15 +107,13 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
     """Read each pool's /server_info, write config.json, run the driver; return the final counters."""
     recorded = load_run(run_dir)
     existing, existing_refs = recorded.candidates_by_key(), recorded.references
-    tokenizers = {}
+    tokenizer = plan.tokenizer.name if plan.tokenizer is not None else "unknown"
     incidents = IncidentLog(run_dir)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for pool in (*cands, ref):
             url = pool.replicas[0].url
             pool.server_info = infos.get(url) or await pool.backend.server_info(http, url)
             pool.incidents = incidents
-            tokenizers[pool.name] = "byte" if not cfg.external or pool.server_info.get("tokenizer") == "byte" \
-                else "external"
             reported = pool.server_info.get("mamba_track_interval")
             if pool.role == "candidate" and reported is not None and int(reported) != pool.engine.interval:
                 raise HarnessError(f"pool {pool.name}: the server reports mamba_track_interval {reported}")
@@ -131,7 +127,8 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
                         http=http, progress=progress, existing=existing, existing_refs=existing_refs,
                         request_timeout=cfg.request_timeout, max_retries=cfg.max_retries,
                         reference_concurrency=cfg.reference_concurrency, sequential_pools=cfg.sequential_pools,
-                        api_key=cfg.api_key, tokenizers=tokenizers)
+                        api_key=cfg.api_key, tokenizers={p.name: tokenizer for p in (*cands, ref)},
+                        decode=plan.tokenizer.decode if plan.tokenizer is not None else None)
         before = await snapshot(http, [*cands, ref])
         try:
             await driver.run(sessions)
@@ -158,8 +155,9 @@ def render(run_dir: Path, cfg: RunConfig) -> int:
     return verdict.exit_code
 
 
-def resolve(argv: list[str] | None) -> tuple[RunConfig, list]:
-    """Config (merged with a resumed run's saved one) and the workload's sessions."""
+def resolve(argv: list[str] | None) -> RunConfig:
+    """The config (merged with a resumed run's saved one); the sessions come with the plan (make_plan), built
+    for what the pools run."""
     cfg, explicit = from_argv(argv, os.environ)
     if cfg.resume:
         run_dir = Path(cfg.resume)
@@ -171,26 +169,21 @@ def resolve(argv: list[str] | None) -> tuple[RunConfig, list]:
         if cfg.trust_run_config and cfg.server_command:
             print(f"--trust-run-config: running the server command stored in {run_dir / 'config.json'}: "
                   f"{shlex.join(cfg.server_command)}")
-    from workloads.schema import WorkloadError
-
-    try:
-        sessions = load_sessions(cfg)
-    except (WorkloadError, OSError) as e:
-        raise ConfigError(f"{'--cover' if cfg.cover else '--suite ' + cfg.suite}: {e}") from None
-    return cfg, sessions
+    return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
     """The CLI entry point; returns the exit status."""
     try:
-        cfg, sessions = resolve(argv)
+        cfg = resolve(argv)
         backend = backend_of(cfg)
         if cfg.dry_run:
-            plan, _ = make_plan(cfg, sessions, probe=False, backend=backend)
+            plan, _ = make_plan(cfg, None, probe=False, backend=backend)
             print(plan.describe(cfg))
             return EXIT_PASS
-        # probe external endpoints before anything is written: a failed probe leaves runs/ and runs/latest alone
-        probed = make_plan(cfg, sessions, probe=True, backend=backend) if cfg.external else None
+        # probe external endpoints before anything is written: a failed probe leaves runs/ and runs/latest alone;
+        # a bad workload fails here too
+        probed = make_plan(cfg, None, probe=cfg.external, backend=backend)
     except (ConfigError, HarnessError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
@@ -210,11 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_HARNESS_FAILED
     try:
         print(f"run directory: {run_dir}")
-        if cfg.intervals and not cfg.external:
-            missing = sorted({s.interval for s in sessions if s.interval is not None} - set(cfg.intervals))
-            if missing:
-                print(f"note: sessions for interval(s) {missing} are skipped (no such pool in --intervals)")
-        progress = execute(cfg, sessions, run_dir, run_id=run_dir.name, backend=backend, probed=probed)
+        if probed[0].skipped_sessions:
+            print(f"note: {probed[0].skipped_sessions} session(s) target an interval with no pool; they are skipped")
+        progress = execute(cfg, run_dir, run_id=run_dir.name, backend=backend, probed=probed)
     except KeyboardInterrupt:
         if run_dir is not None:
             print(f"\ninterrupted; records so far are kept. Finish with: python -m harness.run --resume {run_dir}",
@@ -235,20 +226,19 @@ def main(argv: list[str] | None = None) -> int:
     return render(run_dir, cfg)
 
 
-def execute(cfg: RunConfig, sessions: list, run_dir: Path, run_id: str, backend: Backend | None = None,
+def execute(cfg: RunConfig, run_dir: Path, run_id: str, backend: Backend | None = None,
             probed: tuple[Plan, dict[str, dict]] | None = None) -> Progress:
     """Start the pools (Ray replicas or external endpoints), drive, and tear down.
 
-    `probed`: the plan and server infos of external endpoints, already probed (with `backend`, which keeps
-    what its probes learned).
+    `probed`: the plan (with its sessions) and the server infos of external endpoints, already probed (with
+    `backend`, which keeps what its probes learned).
     """
     resumed = cfg.resume is not None
+    backend = backend or backend_of(cfg)
+    plan, infos = probed or make_plan(cfg, None, probe=cfg.external, backend=backend)
     if cfg.external:
-        backend = backend or backend_of(cfg)
-        plan, infos = probed or make_plan(cfg, sessions, probe=True, backend=backend)
         cands, ref = external_pools(plan, cfg.api_key, cfg.recover_timeout, backend)
         return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, infos))
-    plan = builtin_plan(cfg, sessions)
     pools = RayPools(cfg, plan, run_id)
     try:
         pools.connect()

@@ -24,7 +24,7 @@ REQUEST_COLUMNS = [
     "drift_compared", "onset_points_at", "first_divergence", "divergence_pos", "divergence_offset", "ref_margin",
     "cand_rank", "cand_token", "ref_token", "cached_tokens", "restored", "restored_offset",
     "prompt_offset", "crossing_source", "crossed_boundaries", "n_crossings", "n_untracked_crossings",
-    "crossings", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
+    "crossings", "restored_link", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
     "restored_crossing_tracked", "spec_verify_ct", "spec_accept_length", "completion_tokens",
     "finish_reason", "ttft", "itl", "e2e", "t_start", "retries", "error", "tokenizer",
 ]
@@ -146,7 +146,7 @@ def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tu
         "n_crossings": len(crossings),
         "n_untracked_crossings": sum(1 for x in crossings if x.tracked_agrees is False),
         "crossings": [asdict(x) for x in crossings],
-        "restored_verify_crossed": False, "restored_crossing_step": None,
+        "restored_link": None, "restored_verify_crossed": False, "restored_crossing_step": None,
         "restored_crossing_commit_len": None, "restored_crossing_tracked": None,
         "spec_verify_ct": cand.get("spec_verify_ct"), "spec_accept_length": cand.get("spec_accept_length"),
         "completion_tokens": cand.get("completion_tokens", len(output)),
@@ -158,10 +158,14 @@ def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tu
 
 
 def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]) -> None:
-    """Mark turns whose restored checkpoint the previous turn (same session and sweep point) crossed in a verify step.
+    """Link each turn that restored `cached_tokens = b` to the previous turn's crossing of b (same session and
+    sweep point): that is the #37817 signature, a checkpoint saved (or not) by the verify tracking path, then
+    restored by the next turn.
 
-    That is the #37817 signature: the checkpoint was saved (or not) by the verify
-    tracking path, then restored by the next turn.
+    `restored_link`: "verify" when the engine reported the previous turn's verify steps (spec_trace) and one
+    crossed b; "position" when it did not report them and b lies in the previous turn's generated positions
+    (so some verify step crossed it, which one is unknown); "none" when the previous turn did not cross b
+    (by its reported steps or its positions); None without a restore or a previous turn.
     """
     index: dict[tuple, int] = {}
     for i, r in enumerate(rows):
@@ -173,13 +177,19 @@ def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]
         prev = index.get((row["pool"], row["concurrency"], row["session_id"], turn - 1))
         if prev is None:
             continue
+        row["restored_link"] = "none"
         for x in crossings[prev]:
-            if x.source == "reported" and x.boundary == cached:
+            if x.boundary != cached:
+                continue
+            if x.source == "reported":
+                row["restored_link"] = "verify"
                 row["restored_verify_crossed"] = True
                 row["restored_crossing_step"] = x.step
                 row["restored_crossing_commit_len"] = x.commit_len
                 row["restored_crossing_tracked"] = x.tracked_agrees
-                break
+            else:
+                row["restored_link"] = "position"
+            break
 
 
 def empty_frame() -> pd.DataFrame:

@@ -108,9 +108,13 @@ def _undiagnosed(df: pd.DataFrame) -> Diagnosis:
         return Diagnosis("none", "Nothing points at a subsystem: no request was flagged (drift or hard).")
     at_restore = flagged[flagged["onset_points_at"] == "restored_checkpoint"]
     verify = at_restore[at_restore["restored_verify_crossed"]]
+    position = at_restore[at_restore["restored_link"] == "position"]
+    linked = f"{len(verify)} of those restored a checkpoint that the previous turn crossed inside a verify step"
+    if len(position):  # the engine reports no verify steps: the link is by position, the step unknown
+        linked = (f"{len(position)} of those restored a checkpoint the previous turn crossed (position-linked; "
+                  "whether inside a verify step: unknown, the engine does not report verify steps)")
     evidence = [f"{len(flagged)} flagged request(s); {len(at_restore)} of them restored a checkpoint and left the "
-                f"reference from their first output token, {len(verify)} of those restored a checkpoint that the "
-                "previous turn crossed inside a verify step",
+                f"reference from their first output token, {linked}",
                 "run with --diagnose to add speculation-only and cache-only pools and tell speculation, caching "
                 "and their interplay apart"]
     if len(at_restore) == len(flagged):

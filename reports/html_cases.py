@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+
 import pandas as pd
 
+from protocol.tokenizer import BYTE_TOKENIZER
 from reports.html_base import esc
 from reports.oracle import position_drift, top_margin
 from reports.results import attribution_text, crossing_text, divergence_text, drift_text, value_or_none
@@ -12,21 +15,35 @@ WINDOW = 16  # tokens either side of the first divergence (or drift onset) in a 
 MAX_CASES = {"hard": 25, "drift": 25, "soft": 15, "error": 10}
 
 
-def _decoder(tokenizer: str | None):
-    """A function ids -> text for byte-tokenizer records, else None (ids only)."""
-    if tokenizer != "byte":
-        return None
+@functools.lru_cache(maxsize=8)
+def _load(spec: str):
+    """The tokenizer a record names ("byte", or the path of the target's tokenizer), or None if unreadable here."""
+    if spec == "byte":
+        return BYTE_TOKENIZER
+    from protocol.hf_tokenizer import load_tokenizer
+    from protocol.tokenizer import TokenizerError
+
     try:
-        from protocol.tokenizer import BYTE_TOKENIZER
-    except ImportError:
+        return load_tokenizer(spec)
+    except (TokenizerError, ImportError, OSError):
+        return None
+
+
+def _decoder(tokenizer: str | None):
+    """A function ids -> text through the record's tokenizer (None when it cannot be loaded here: ids only).
+
+    The byte tokenizer's function carries `byte_level` so token labels can name single bytes."""
+    tok = _load(tokenizer) if tokenizer and tokenizer != "unknown" else None
+    if tok is None:
         return None
 
     def decode(ids):
         try:
-            return BYTE_TOKENIZER.decode(ids, keep_special=True)
+            return tok.decode(ids, keep_special=True)
         except ValueError:
             return None
 
+    decode.byte_level = tok is BYTE_TOKENIZER
     return decode
 
 
@@ -35,6 +52,9 @@ def token_label(tok: int | None, decode) -> str:
     if tok is None or decode is None:
         return ""
     names = {32: "\u2423", 10: "\\n", 9: "\\t", 13: "\\r"}
+    if not getattr(decode, "byte_level", True):  # a multi-character token: its text, whitespace made visible
+        text = decode([tok])
+        return "?" if text is None else "".join(names.get(ord(ch), ch) for ch in text) or "?"
     if tok in names:
         return names[tok]
     if 33 <= tok <= 126:

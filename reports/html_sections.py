@@ -50,6 +50,11 @@ def key_figures(df: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict) -> st
         flagged = int(restored["class"].isin(["hard", "drift"]).sum())
         figs.append(("flagged among turns restoring a verify-crossed checkpoint", f"{flagged}/{len(restored)}",
                      "hard"))
+    linked = df[df["restored_link"] == "position"] if len(df) else df
+    if len(linked):  # verify steps not reported: linked by positions only
+        flagged = int(linked["class"].isin(["hard", "drift"]).sum())
+        figs.append(("flagged among turns restoring a checkpoint the previous turn crossed (position-linked)",
+                     f"{flagged}/{len(linked)}", "hard"))
     intervals = sorted(int(i) for i in df["interval"].dropna().unique()) if len(df) else []
     figs.append(("intervals", ", ".join(map(str, intervals)) or "-", ""))
     concs = sorted(int(c) for c in df["concurrency"].dropna().unique()) if len(df) else []
@@ -90,7 +95,10 @@ def boundaries_section(boundaries: pd.DataFrame) -> str:
     intro = ("<p>Each request is attributed to boundaries of several kinds (see docs/reports.md): "
              "<code>restored</code> (offset = tokens prefilled after the restored checkpoint), "
              "<code>restored_verify</code> (the restored checkpoint was crossed in the previous turn's verify "
-             "step <i>offset</i> with that commit length), <code>crossed_verify</code> (own verify crossings), "
+             "step <i>offset</i> with that commit length), <code>restored_position</code> (the engine reports "
+             "no verify steps, so the restored checkpoint is linked by position to the previous turn's crossing: "
+             "step and commit length unknown), <code>crossed_verify</code> (own verify crossings), "
+             "<code>crossed_inferred</code> (own crossings from positions, step unknown), "
              "<code>prompt</code>, <code>drift_onset</code> and <code>divergence</code> (offset to the nearest "
              "boundary). <code>onset_at_restore</code>: requests that restored a checkpoint and left the reference "
              "from their first output token, which points at the restored checkpoint.</p>")

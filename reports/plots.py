@@ -98,6 +98,14 @@ def _heatmap(ax, rows: pd.DataFrame, empty_message: str, title: str, block_size:
     ax.figure.colorbar(image, ax=ax, label="flagged (hard + drift) share")
 
 
+def _restored_empty(reported: bool, unreported: bool, linked: int) -> str:
+    """What an empty restored-crossing heatmap means: "unknown" where verify steps were not reported, never "no"."""
+    if unreported and not reported:
+        return (f"unknown: verify steps not reported (no spec_trace)\n{linked} restored turn(s) position-linked to "
+                "a crossing\nof the previous turn (boundaries.csv: restored_position)")
+    return "no restored checkpoint was crossed\nin a verify step of the previous turn"
+
+
 def flagged_by_verify_step(boundaries: pd.DataFrame, path: Path, block_size: int | None = None) -> Path:
     """Heatmaps step x commit length of flagged requests (colour: hard + drift share; text: flagged / requests).
 
@@ -117,9 +125,13 @@ def flagged_by_verify_step(boundaries: pd.DataFrame, path: Path, block_size: int
         b = boundaries[boundaries["interval"] == interval]
         own = b[b["boundary_kind"] == "crossed_verify"].dropna(subset=["offset", "commit_len"])
         restored = b[b["boundary_kind"] == "restored_verify"].dropna(subset=["offset", "commit_len"])
-        _heatmap(row[0], own, "no verify crossings reported\n(no spec_trace in the records)",
+        reported = bool((b["boundary_kind"] == "crossed_verify").any())
+        linked = int(b.loc[b["boundary_kind"] == "restored_position", "requests"].sum())
+        unreported = bool((b["boundary_kind"] == "crossed_inferred").any()) or linked > 0
+        _heatmap(row[0], own, "unknown: verify steps not reported\n(no spec_trace in the records)" if unreported
+                 else "no boundary crossed in a verify step",
                  f"interval {interval}: requests whose own verify step crossed a boundary", block_size)
-        _heatmap(row[1], restored, "no restored checkpoint was crossed\nin a verify step of the previous turn",
+        _heatmap(row[1], restored, _restored_empty(reported, unreported, linked),
                  f"interval {interval}: requests that restored a checkpoint\ncrossed in the previous turn's verify",
                  block_size)
     return _save(fig, path)

@@ -79,7 +79,7 @@ def boundary_coverage(coverage: pd.DataFrame | None, path: Path) -> Path:
                  fontweight="bold")
     if not summary:
         for ax in axes[0]:
-            empty(ax, "no verify crossings reported\n(no spec_trace in the records)")
+            empty(ax, "cells reached: unknown\n(no verify steps reported: no spec_trace in the records)")
         return save(fig, path)
     for row, s in zip(axes, summary, strict=False):
         cells = coverage[coverage["interval"] == s["interval"]]

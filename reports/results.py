@@ -89,7 +89,7 @@ def divergence_text(row: dict) -> str:
 def crossing_text(x: dict) -> str:
     """One crossing, e.g. `256 (step 1 of commit 2, tracked -1: NOT tracked)`."""
     if x["source"] != "reported":
-        return f"{x['boundary']} (inferred from positions)"
+        return f"{x['boundary']} (inferred from positions; verify step unknown)"
     state = "tracked" if x["tracked_agrees"] else "NOT tracked"
     return f"{x['boundary']} (pre {x['pre_len']}, step {x['step']} of commit {x['commit_len']}, " \
            f"engine tracked step {x['tracked']}: {state})"
@@ -106,6 +106,9 @@ def attribution_text(row: dict) -> str:
             how = "tracked" if tracked else "NOT tracked"
             text += (f", crossed by turn {row['turn'] - 1}'s verify step {row['restored_crossing_step']} "
                      f"of commit {row['restored_crossing_commit_len']} ({how})")
+        elif row.get("restored_link") == "position":
+            text += (f", a checkpoint turn {row['turn'] - 1} crossed (position-linked; which verify step: unknown, "
+                     "the engine does not report verify steps)")
         parts.append(text)
     else:
         parts.append("no checkpoint restored")
@@ -114,6 +117,9 @@ def attribution_text(row: dict) -> str:
         parts.append("crossed " + "; ".join(crossing_text(x) for x in crossings))
     elif row.get("crossing_source") == "reported":
         parts.append("no boundary crossed in a verify step")
+    elif row.get("crossing_source") == "inferred":
+        parts.append("no boundary crossed while decoding (from positions; the engine does not report verify "
+                     "steps)")
     off = value_or_none(row.get("prompt_offset"))
     if off is not None:
         parts.append(f"prompt {row['input_len']} tokens = {signed(off)} from the nearest multiple of "

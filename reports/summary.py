@@ -49,6 +49,12 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
         flagged = int(linked["class"].isin(["hard", "drift"]).sum())
         lines += [f"Turns that restored a checkpoint their previous turn crossed inside a verify step: "
                   f"{len(linked)}, of which flagged (hard or drift): {flagged}.", ""]
+    linked = df[df["restored_link"] == "position"] if len(df) else df
+    if len(linked):
+        flagged = int(linked["class"].isin(["hard", "drift"]).sum())
+        lines += [f"Turns that restored a checkpoint their previous turn crossed (position-linked: the engine does "
+                  f"not report verify steps, so which step crossed it is unknown): {len(linked)}, of which flagged "
+                  f"(hard or drift): {flagged}.", ""]
     for s in coverage_summary(results.coverage) if len(results.coverage) else []:
         lines.append(f"Coverage at interval {s['interval']}: {s['crossed']}/{s['cells']} (step, commit length) "
                      f"cells crossed, {s['restored']}/{s['cells']} restored.")

@@ -16,8 +16,8 @@ from reports.coverage import cells, cells_reached, coverage_table
 from reports.oracle import CLASSES, FLAGGED
 
 # Boundary kinds, in report order (docs/reports.md says what offset and commit_len mean for each).
-BOUNDARY_KINDS = ("restored", "restored_verify", "crossed_verify", "crossed_inferred", "prompt", "drift_onset",
-                  "divergence")
+BOUNDARY_KINDS = ("restored", "restored_verify", "restored_position", "crossed_verify", "crossed_inferred", "prompt",
+                  "drift_onset", "divergence")
 
 BOUNDARY_COLUMNS = ["interval", "boundary_kind", "offset", "commit_len", "requests", *CLASSES,
                     "hard_rate", "drift_rate", "soft_rate", "untracked", "onset_at_restore"]
@@ -56,6 +56,8 @@ def attributions(df: pd.DataFrame) -> pd.DataFrame:
         if r["restored_verify_crossed"]:
             add("restored_verify", r["restored_crossing_step"], r["restored_crossing_commit_len"],
                 _na(r["restored_crossing_tracked"]) is False)
+        elif r["restored_link"] == "position":  # verify steps not reported: which step and commit is unknown
+            add("restored_position", None, None)
         for x in r["crossings"]:
             if x["source"] == "reported":
                 add("crossed_verify", x["step"], x["commit_len"], x["tracked_agrees"] is False)

@@ -141,6 +141,22 @@ def _next_line(doc: str, pos: int) -> int:
     return pos
 
 
+def first_tokens(tokenizer, text: str, start: int, n: int) -> list[int] | None:
+    """The first `n` token ids of `text[start:]` in `tokenizer`, or None when it has fewer.
+
+    Encodes a window that grows until it holds more than `n` tokens (a window's last
+    token may be cut mid-word; the first `n` are not, once more follow), so a long
+    document is never encoded whole for a short prompt.
+    """
+    span = max(4 * n, n + 64)
+    while True:
+        end = min(len(text), start + span)
+        ids = tokenizer.encode(text[start:end])
+        if len(ids) > n or end == len(text):
+            return list(ids[:n]) if len(ids) >= n else None
+        span *= 2
+
+
 class TextCursor:
     """Hands out consecutive, non-overlapping slices of the documents, each starting a non-blank line."""
 
@@ -163,6 +179,19 @@ class TextCursor:
             self.pos = 0
         raise ValueError(f"no held-out document has {n} characters")
 
+    def take_tokens(self, tokenizer, n: int) -> list[int]:
+        """The next `n` token ids (exactly) of one document in `tokenizer`; with the byte tokenizer the ids of
+        `take(n)`, and the cursor moves the same way."""
+        for _ in range(len(self.docs) + 1):
+            text = self.docs[self.doc].text
+            ids = first_tokens(tokenizer, text, self.pos, n)
+            if ids is not None:
+                self.pos = _next_line(text, self.pos + len(tokenizer.decode(ids)))
+                return ids
+            self.doc = (self.doc + 1) % len(self.docs)
+            self.pos = 0
+        raise ValueError(f"no held-out document has {n} tokens in tokenizer {tokenizer.name}")
+
 
 class TextSampler:
     """Random slices of exact length, each starting a non-blank line of one document."""
@@ -182,6 +211,22 @@ class TextSampler:
         last = bisect.bisect_right(starts, len(text) - n)  # starts[:last] leave room for n characters
         start = starts[rng.randrange(last)]
         return text[start : start + n]
+
+    def sample_tokens(self, rng: random.Random, tokenizer, n: int, attempts: int = 1000) -> list[int]:
+        """`n` token ids from a random line start (as `sample`, whose draws it repeats: with the byte tokenizer
+        the ids of `sample(rng, n)`). A token spans at least one character of this ASCII text, so a start with
+        room for `n` characters may still hold fewer than `n` tokens: such a draw is drawn again."""
+        fits = [i for i, d in enumerate(self.docs) if len(d.text) >= n]
+        if not fits:
+            raise ValueError(f"no held-out document has {n} characters")
+        for _ in range(attempts):
+            i = fits[rng.randrange(len(fits))]
+            text, starts = self.docs[i].text, self.line_starts[i]
+            last = bisect.bisect_right(starts, len(text) - n)
+            ids = first_tokens(tokenizer, text, starts[rng.randrange(last)], n)
+            if ids is not None:
+                return ids
+        raise ValueError(f"no held-out text of {n} tokens in tokenizer {tokenizer.name} found in {attempts} draws")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from protocol.boundaries import boundaries_upto, next_boundary
-from protocol.tokenizer import BYTE_TOKENIZER
+from protocol.tokenizer import BYTE_TOKENIZER, Tokenizer
 from workloads.corpus import DATA_DIR, TextCursor, heldout_documents
 from workloads.schema import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, Session, Turn, dumps_jsonl
 from workloads.validate import validate_file
@@ -31,7 +31,6 @@ FROZEN_PATH = DATA_DIR / "frozen.jsonl"
 SUITE = "frozen"
 OFFSET_KS = (1, 2)  # each offset is placed at these boundary indices, with different text
 DECODE_MARGIN = 16  # turn 0 decodes this many tokens past the next boundary
-MAX_NEW_TOKENS_CAP = 300
 TURN1_SUFFIX = "\n\n# continued\n"
 TURN1_MAX_NEW_TOKENS = 32
 # (k, offset): turn-0 prompt k*I + offset; with decoding, turn 0 spans 2, 3, 4 and 3 boundaries
@@ -59,7 +58,7 @@ def _offset_id(offset: int) -> str:
 def _turn0_max_new(prompt_len: int, interval: int) -> int:
     """New tokens that carry decoding past the next boundary above the prompt, plus the margin."""
     max_new = next_boundary(prompt_len, interval) - prompt_len + DECODE_MARGIN
-    assert max_new <= MAX_NEW_TOKENS_CAP, (prompt_len, interval, max_new)
+    assert max_new <= interval + DECODE_MARGIN, (prompt_len, interval, max_new)
     return max_new
 
 
@@ -72,20 +71,24 @@ def _where(offset: int, boundary: int) -> str:
 
 
 class _Builder:
-    """Turns (interval, prompt length, max_new) into sessions, slicing fresh text for each prompt."""
+    """Turns (interval, prompt length, max_new) into sessions, cutting fresh text for each prompt to exactly
+    that many tokens of the target's tokenizer (the seed picks the document the text starts in)."""
 
-    def __init__(self, block_size: int) -> None:
-        self.cursor = TextCursor(heldout_documents())
+    def __init__(self, block_size: int, tokenizer: Tokenizer, seed: int = 0) -> None:
+        self.cursor = TextCursor(heldout_documents(), first_doc=seed)
         self.block_size = block_size
-        self.suffix_ids = tuple(BYTE_TOKENIZER.encode(TURN1_SUFFIX))
+        self.tokenizer = tokenizer
+        self.suffix_ids = tuple(tokenizer.encode(TURN1_SUFFIX))
+
+    def take(self, n: int) -> list[int]:
+        return self.cursor.take_tokens(self.tokenizer, n)
 
     def session(self, session_id: str, interval: int, group: str, targets: str, prompt_len: int,
-                max_new: int, meta: dict, text: str | None = None) -> Session:
-        text = self.cursor.take(prompt_len) if text is None else text
-        ids = tuple(BYTE_TOKENIZER.encode(text))
+                max_new: int, meta: dict, ids: list[int] | None = None) -> Session:
+        ids = tuple(self.take(prompt_len) if ids is None else ids)
         assert len(ids) == prompt_len
         turns = (
-            Turn(max_new_tokens=max_new, input_ids=ids, text=text),
+            Turn(max_new_tokens=max_new, input_ids=ids, text=self.tokenizer.decode(ids)),
             Turn(max_new_tokens=TURN1_MAX_NEW_TOKENS, suffix_ids=self.suffix_ids, suffix_text=TURN1_SUFFIX),
         )
         meta = {
@@ -154,34 +157,39 @@ def _shared_sessions(b: _Builder, interval: int) -> list[Session]:
     # The stem's turn 0 inserts [0, 2I) with a checkpoint at 2I; each later session shares a prefix of the
     # stem's prompt, so its match (or its insertion) stops inside that edge, where no checkpoint is.
     stem_len = 2 * interval - STEM_SHORT
-    stem_text = b.cursor.take(stem_len)
+    stem = b.take(stem_len)
     stem_id = f"frozen-i{interval}-shared-stem"
     out = [b.session(stem_id, interval, "shared",
                      f"Shared-prefix stem: prompt of {stem_len} tokens; turn 0 crosses {2 * interval} in a verify "
                      "step and inserts the edge the other sessions of the group share a prefix of.",
                      stem_len, _turn0_max_new(stem_len, interval),
                      {"shared_prefix_len": stem_len, "prefix_ends": "stem", "stem": stem_id,
-                      "next_boundary": 2 * interval}, text=stem_text)]
+                      "next_boundary": 2 * interval}, ids=stem)]
     for name, shared, where, prompt, max_new in SHARED_CASES:
         length, prompt_len = shared(interval), prompt(interval)
         new = max_new(interval) if max_new else _turn0_max_new(prompt_len, interval)
-        rest = b.cursor.take(prompt_len - length)
-        while length < stem_len and rest[0] == stem_text[length]:  # the shared prefix must end exactly there
-            rest = b.cursor.take(prompt_len - length)
+        rest = b.take(prompt_len - length)
+        while length < stem_len and rest[0] == stem[length]:  # the shared prefix must end exactly there
+            rest = b.take(prompt_len - length)
         targets = (f"Prompt of {prompt_len} tokens sharing the stem's first {length} tokens (ending at {where}); "
                    "its match stops inside the stem's edge and its insertion splits it there.")
         meta = {"shared_prefix_len": length, "prefix_ends": where, "stem": stem_id,
                 "next_boundary": next_boundary(prompt_len, interval)}
         out.append(b.session(f"frozen-i{interval}-shared-{name}", interval, "shared", targets, prompt_len, new,
-                             meta, text=stem_text[:length] + rest))
+                             meta, ids=stem[:length] + rest))
     return out
 
 
-def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS,
-                    block_size: int = DEFAULT_BLOCK_SIZE) -> list[Session]:
-    """The frozen suite, deterministically: offset cases, multi-boundary cases, controls per interval, then the
-    shared-prefix group of every interval (last, so the other cases keep their text)."""
-    b = _Builder(block_size)
+def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS, block_size: int = DEFAULT_BLOCK_SIZE,
+                    tokenizer: Tokenizer = BYTE_TOKENIZER, seed: int = 0,
+                    max_context: int | None = None) -> list[Session]:
+    """The frozen suite, deterministically: offset cases (-B..+1), multi-boundary cases, controls per interval,
+    then the shared-prefix group of every interval (last, so the other cases keep their text).
+
+    Prompts are exact token lengths in `tokenizer`; `seed` picks where the text starts (0: the committed
+    suite's text); sessions that could outgrow `max_context` tokens are left out.
+    """
+    b = _Builder(block_size, tokenizer, seed)
     sessions: list[Session] = []
     for interval in intervals:
         sessions += _offset_sessions(b, interval)
@@ -189,7 +197,7 @@ def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS,
         sessions += _control_sessions(b, interval)
     for interval in intervals:
         sessions += _shared_sessions(b, interval)
-    return sessions
+    return [s for s in sessions if max_context is None or s.max_total_tokens() <= max_context]
 
 
 def check_file(path: Path) -> str | None:

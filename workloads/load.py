@@ -16,7 +16,7 @@ from collections import Counter
 from statistics import mean
 
 from protocol.boundaries import boundaries_upto
-from protocol.tokenizer import BYTE_TOKENIZER
+from protocol.tokenizer import BYTE_TOKENIZER, Tokenizer
 from workloads.corpus import TextSampler, heldout_documents
 from workloads.schema import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, MAX_TURN0_TOKENS, Session, Turn
 
@@ -24,8 +24,8 @@ SUITE = "load"
 DEFAULT_NUM_REQUESTS = 1024
 TURN_WEIGHTS = {1: 40, 2: 25, 3: 20, 4: 15}  # turns per session -> relative weight
 MAX_K = 4  # prompts around boundaries 1..4
-OFFSET_BELOW = DEFAULT_BLOCK_SIZE + 4  # offsets -B-4 .. +4
-OFFSET_ABOVE = 4
+OFFSET_MARGIN = 4  # offsets -B-4 .. +4
+OFFSET_ABOVE = OFFSET_MARGIN
 PREFIX_TARGET_LENS = (90, 150, 220, 300)  # shared prefixes, each cut at a line end within
 PREFIX_SHARE = 0.6  # chance that a session starts with a shared prefix
 MIN_BODY_TOKENS = 16  # a prompt has at least this much of its own text after a prefix
@@ -56,40 +56,44 @@ def shared_prefixes() -> list[str]:
 class _LoadBuilder:
     """Draws sessions from one seeded random stream."""
 
-    def __init__(self, seed: int, intervals: tuple[int, ...]) -> None:
+    def __init__(self, seed: int, intervals: tuple[int, ...], block_size: int, tokenizer: Tokenizer) -> None:
         self.rng = random.Random(seed)
         self.seed = seed
         self.intervals = intervals
+        self.offset_below = block_size + OFFSET_MARGIN
+        self.tokenizer = tokenizer
         self.sampler = TextSampler(heldout_documents())
-        self.prefixes = shared_prefixes()
+        self.prefixes = [tuple(tokenizer.encode(p)) for p in shared_prefixes()]
+        self.newline = tuple(tokenizer.encode("\n"))
 
-    def _prompt(self, length: int) -> tuple[str, int | None]:
-        """Prompt text of exactly `length` tokens, maybe after a shared prefix (its index)."""
+    def _prompt(self, length: int) -> tuple[tuple[int, ...], int | None]:
+        """Prompt ids, exactly `length` tokens, maybe after a shared prefix (its index)."""
         rng = self.rng
         prefix_index = None
         if rng.random() < PREFIX_SHARE:
             fits = [i for i, p in enumerate(self.prefixes) if len(p) + MIN_BODY_TOKENS <= length]
             if fits:
                 prefix_index = fits[rng.randrange(len(fits))]
-        prefix = "" if prefix_index is None else self.prefixes[prefix_index]
-        return prefix + self.sampler.sample(rng, length - len(prefix)), prefix_index
+        prefix = () if prefix_index is None else self.prefixes[prefix_index]
+        return prefix + tuple(self.sampler.sample_tokens(rng, self.tokenizer, length - len(prefix))), prefix_index
 
     def session(self, index: int, num_turns: int) -> Session:
         rng = self.rng
         interval = self.intervals[rng.randrange(len(self.intervals))]
         max_k = min(MAX_K, (MAX_TURN0_TOKENS - OFFSET_ABOVE) // interval)
         k = rng.randint(1, max_k)
-        offset = rng.randint(-OFFSET_BELOW, OFFSET_ABOVE)
+        offset = rng.randint(-self.offset_below, OFFSET_ABOVE)
         prompt_len = k * interval + offset
-        text, prefix_index = self._prompt(prompt_len)
-        ids = tuple(BYTE_TOKENIZER.encode(text))
+        ids, prefix_index = self._prompt(prompt_len)
         assert len(ids) == prompt_len
         max_new = rng.randint(*TURN0_MAX_NEW)
-        turns = [Turn(max_new_tokens=max_new, input_ids=ids, text=text)]
+        decode = self.tokenizer.decode
+        turns = [Turn(max_new_tokens=max_new, input_ids=ids, text=decode(ids))]
         for _ in range(num_turns - 1):
-            suffix = "\n" + self.sampler.sample(rng, rng.randint(*SUFFIX_TOKENS) - 1)
-            turns.append(Turn(max_new_tokens=rng.randint(*FOLLOWUP_MAX_NEW),
-                              suffix_ids=tuple(BYTE_TOKENIZER.encode(suffix)), suffix_text=suffix))
+            n = rng.randint(*SUFFIX_TOKENS) - len(self.newline)
+            suffix = self.newline + tuple(self.sampler.sample_tokens(rng, self.tokenizer, n))
+            turns.append(Turn(max_new_tokens=rng.randint(*FOLLOWUP_MAX_NEW), suffix_ids=suffix,
+                              suffix_text=decode(suffix)))
         prefix_name = None if prefix_index is None else f"prefix{prefix_index}"
         targets = (f"{num_turns}-turn session; prompt of {prompt_len} tokens, {offset:+d} from boundary "
                    f"{k * interval} (I={interval})"
@@ -110,15 +114,19 @@ class _LoadBuilder:
 
 
 def generate_load(num_requests: int = DEFAULT_NUM_REQUESTS, seed: int = 0,
-                  intervals: tuple[int, ...] = DEFAULT_INTERVALS) -> list[Session]:
-    """Sessions whose turns add up to exactly `num_requests` requests; same seed, same sessions."""
+                  intervals: tuple[int, ...] = DEFAULT_INTERVALS, block_size: int = DEFAULT_BLOCK_SIZE,
+                  tokenizer: Tokenizer = BYTE_TOKENIZER) -> list[Session]:
+    """Sessions whose turns add up to exactly `num_requests` requests; same seed, same sessions.
+
+    Prompts sit at offsets -B-4..+4 around multiples of `intervals` (B = `block_size`), exact token lengths in
+    `tokenizer`."""
     if num_requests < 0:
         raise ValueError(f"num_requests must be >= 0, got {num_requests}")
     intervals = tuple(intervals)
     if not intervals or any(i <= 0 or i + OFFSET_ABOVE > MAX_TURN0_TOKENS for i in intervals):
         top = MAX_TURN0_TOKENS - OFFSET_ABOVE
         raise ValueError(f"intervals must be positive and at most {top}: {intervals}")
-    builder = _LoadBuilder(seed, intervals)
+    builder = _LoadBuilder(seed, intervals, block_size, tokenizer)
     counts, weights = list(TURN_WEIGHTS), list(TURN_WEIGHTS.values())
     sessions: list[Session] = []
     remaining = num_requests

@@ -2,6 +2,8 @@
 
 Every problem is a WorkloadError whose message names the file, the line and the
 field, e.g. `my.jsonl:7: field 'turns[1].max_new_tokens': must be a positive integer`.
+Text is encoded, and ids are checked, with the target's tokenizer (default: the
+built-in byte tokenizer).
 """
 
 from __future__ import annotations
@@ -9,16 +11,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from protocol.tokenizer import BYTE_TOKENIZER, NUM_BYTES, VOCAB_SIZE
+from protocol.tokenizer import BYTE_TOKENIZER, NUM_BYTES, Tokenizer
 from workloads.schema import CONTEXT_TOKENS, SESSION_FIELDS, TURN_FIELDS, Session, Turn, WorkloadError
 
 
 class _Line:
     """Where a value came from, to name it in errors."""
 
-    def __init__(self, name: str, lineno: int) -> None:
+    def __init__(self, name: str, lineno: int, tokenizer: Tokenizer | None = BYTE_TOKENIZER) -> None:
         self.name = name
         self.lineno = lineno
+        self.tokenizer = tokenizer
 
     def fail(self, field: str | None, problem: str) -> WorkloadError:
         where = f"{self.name}:{self.lineno}: " + (f"field '{field}': " if field else "")
@@ -37,13 +40,25 @@ def _ids(line: _Line, field: str, value: object, *, allow_empty: bool) -> tuple[
     for i, t in enumerate(value):
         if not _is_int(t):
             raise line.fail(f"{field}[{i}]", f"must be an integer token id, got {json.dumps(t)}")
-        if not 0 <= t < VOCAB_SIZE:
-            raise line.fail(f"{field}[{i}]", f"token id {t} is outside the vocabulary 0..{VOCAB_SIZE - 1}")
+        vocab = line.tokenizer.vocab_size if line.tokenizer is not None else None
+        if t < 0 or vocab is not None and t >= vocab:
+            if vocab is None:
+                raise line.fail(f"{field}[{i}]", f"token id {t} is negative")
+            raise line.fail(f"{field}[{i}]", f"token id {t} is outside the vocabulary 0..{vocab - 1}"
+                            + ("" if line.tokenizer.name == "byte" else f" of tokenizer {line.tokenizer.name}"))
     return tuple(value)
 
 
-def _text_of(ids: tuple[int, ...]) -> str | None:
-    """The text whose encoding is `ids`, or None when the ids are not valid UTF-8 bytes."""
+def _text_of(ids: tuple[int, ...], tokenizer: Tokenizer | None) -> str | None:
+    """The text of `ids`: for the byte tokenizer only when they are valid UTF-8 bytes (else None); for other
+    tokenizers their decoding (special tokens dropped), None when it fails or there is no tokenizer."""
+    if tokenizer is None:
+        return None
+    if tokenizer.name != "byte":
+        try:
+            return tokenizer.decode(ids)
+        except ValueError:
+            return None
     if any(t >= NUM_BYTES for t in ids):
         return None
     try:
@@ -61,15 +76,20 @@ def _ids_and_text(line: _Line, obj: dict, prefix: str, ids_key: str, text_key: s
     if obj.get(ids_key) is None:
         if text is None:
             raise line.fail(prefix + ids_key, f"missing: give '{ids_key}' or '{text_key}'")
-        ids = tuple(BYTE_TOKENIZER.encode(text))
+        if line.tokenizer is None:
+            raise line.fail(prefix + text_key, f"encoding text needs the target's tokenizer: pass --tokenizer (or "
+                            f"give '{ids_key}')")
+        ids = tuple(line.tokenizer.encode(text))
         if not ids and not allow_empty:
             raise line.fail(prefix + text_key, "must not be empty")
         return ids, text
     ids = _ids(line, prefix + ids_key, obj[ids_key], allow_empty=allow_empty)
     if text is None:
-        return ids, _text_of(ids)
-    encoded = tuple(BYTE_TOKENIZER.encode(text))
-    if encoded != ids:
+        return ids, _text_of(ids, line.tokenizer)
+    if line.tokenizer is None:  # nothing to check the text against: ids and text are taken as given
+        return ids, text
+    encoded = tuple(line.tokenizer.encode(text))
+    if encoded != ids and _text_of(ids, line.tokenizer) != text:  # BPE: ids need not be text's canonical encoding
         pairs = enumerate(zip(ids, encoded, strict=False))
         at = next((i for i, (a, b) in pairs if a != b), min(len(ids), len(encoded)))
         raise line.fail(prefix + ids_key, f"does not match the tokenizer's encoding of '{text_key}' "
@@ -144,15 +164,16 @@ def parse_session(line: _Line, obj: object, *, default_suite: str) -> Session:
     )
 
 
-def parse_jsonl(text: str, *, name: str, default_suite: str,
-                max_context: int | None = CONTEXT_TOKENS) -> list[Session]:
-    """Sessions of a JSONL text (blank lines skipped); `name` is used in error messages."""
+def parse_jsonl(text: str, *, name: str, default_suite: str, max_context: int | None = CONTEXT_TOKENS,
+                tokenizer: Tokenizer | None = BYTE_TOKENIZER) -> list[Session]:
+    """Sessions of a JSONL text (blank lines skipped); `name` is used in error messages; `text` fields are
+    encoded and ids checked with `tokenizer`."""
     sessions: list[Session] = []
     first_line: dict[str, int] = {}
     for lineno, raw in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 may sit in a string
         if not raw.strip():
             continue
-        line = _Line(name, lineno)
+        line = _Line(name, lineno, tokenizer)
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
@@ -171,8 +192,9 @@ def parse_jsonl(text: str, *, name: str, default_suite: str,
     return sessions
 
 
-def validate_file(path: str | Path, *, max_context: int | None = CONTEXT_TOKENS) -> list[Session]:
-    """Read and check a workload JSONL file; the sessions' default suite is the file's stem."""
+def validate_file(path: str | Path, *, max_context: int | None = CONTEXT_TOKENS,
+                  tokenizer: Tokenizer | None = BYTE_TOKENIZER) -> list[Session]:
+    """Read and check a workload JSONL file (text and ids in `tokenizer`); the default suite is the file's stem."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -183,4 +205,5 @@ def validate_file(path: str | Path, *, max_context: int | None = CONTEXT_TOKENS)
     except UnicodeDecodeError as e:
         lineno = data[: e.start].count(b"\n") + 1
         raise _Line(path.name, lineno).fail(None, "not valid UTF-8") from None
-    return parse_jsonl(text, name=path.name, default_suite=path.stem, max_context=max_context)
+    return parse_jsonl(text, name=path.name, default_suite=path.stem, max_context=max_context,
+                       tokenizer=tokenizer)

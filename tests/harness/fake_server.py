@@ -14,7 +14,9 @@ Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
 (which of /server_info, /get_server_info exist), `--v1-models` (also answer GET /v1/models, as an
 OpenAI-compatible server does), `--incremental` (stream only what is new in each chunk and say so in
 /server_info, as the built-in engine does), `--metrics` (serve GET /metrics
-with a `specgate_cached_tokens_total` counter only: the eviction counters stay unexposed).
+with a `specgate_cached_tokens_total` counter only: the eviction counters stay unexposed), `--no-text`
+(answers carry ids but no text, so the harness decodes them), `--tokenizer-path PATH` (report PATH as the
+served tokenizer instead of `tokenizer: byte`).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class FakeServer:
             "mamba_radix_cache_strategy": a.mamba_radix_cache_strategy,
             "mamba_track_interval": a.mamba_track_interval, "page_size": a.page_size,
             "disable_radix_cache": a.disable_radix_cache, "inject_fault": a.inject_fault,
-            "tokenizer": "byte", "fake": True, "incremental_streaming_output": a.incremental,
+            "fake": True, "incremental_streaming_output": a.incremental,
+            **({"tokenizer_path": a.tokenizer_path} if a.tokenizer_path else {"tokenizer": "byte"}),
         }
 
     def cached_len(self, ids: list[int]) -> int:
@@ -103,7 +106,8 @@ class FakeServer:
             meta["spec_accept_length"] = len(out) / len(trace) if trace else 0.0
             if not self.args.no_spec_trace:
                 meta["spec_trace"] = trace
-        return {"text": bytes(out).decode("latin-1"), "output_ids": list(out), "meta_info": meta}
+        text = "" if self.args.no_text else bytes(out).decode("latin-1")
+        return {"text": text, "output_ids": list(out), "meta_info": meta}
 
     def _authorized(self, request: web.Request) -> bool:
         key = self.args.api_key
@@ -213,6 +217,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--v1-models", action="store_true")
     p.add_argument("--incremental", action="store_true")
     p.add_argument("--metrics", action="store_true")
+    p.add_argument("--no-text", action="store_true")
+    p.add_argument("--tokenizer-path", default=None)
     return p.parse_args(argv)
 
 

@@ -241,3 +241,34 @@ def test_restored_verify_crossed_false_cases(trace, cached, conc1):
 def test_analyze_empty_input_has_every_column():
     df = analyze([], {})
     assert len(df) == 0 and "restored_verify_crossed" in df.columns
+
+
+@pytest.mark.parametrize("trace,cached,conc1,link", [
+    ([[251, 3, -1], [254, 3, -1]], 256, 1, "verify"),  # turn 0's reported verify step crossed 256
+    (None, 256, 1, "position"),  # no spec_trace: turn 0's outputs 250..265 cover 256, the step is unknown
+    (None, 128, 1, "none"),  # no spec_trace, and turn 0 never reached 128 while decoding
+    ([[257, 3, -1], [260, 3, -1]], 256, 1, "none"),  # reported steps, none crossed 256
+    (None, 256, 4, None),  # no turn 0 at that sweep point
+    (None, 0, 1, None),  # nothing restored
+])
+def test_restored_link_by_verify_step_or_by_position(trace, cached, conc1, link):
+    df = two_turns(trace, cached, conc1=conc1)
+    t1 = df[df["turn"] == 1].iloc[0]
+    assert (None if pd.isna(t1["restored_link"]) else t1["restored_link"]) == link
+    assert bool(t1["restored_verify_crossed"]) == (link == "verify")
+
+
+def test_position_linked_restores_are_a_boundary_kind_and_their_text_says_unknown():
+    from reports.plots import _restored_empty
+    from reports.results import attribution_text
+    from reports.tables import boundaries_table
+
+    df = two_turns(None, 256)
+    b = boundaries_table(df)
+    rp = b[b["boundary_kind"] == "restored_position"]
+    assert len(rp) == 1 and int(rp["requests"].iloc[0]) == 1 and int(rp["hard"].iloc[0]) == 1
+    assert "restored_verify" not in set(b["boundary_kind"])
+    text = attribution_text(df[df["turn"] == 1].iloc[0].to_dict())
+    assert "a checkpoint turn 0 crossed (position-linked; which verify step: unknown" in text
+    assert _restored_empty(reported=False, unreported=True, linked=1).startswith("unknown: verify steps not reported")
+    assert _restored_empty(reported=True, unreported=False, linked=0).startswith("no restored checkpoint was crossed")

@@ -13,7 +13,8 @@ from tests.reports.factory import pair, prompt
 
 def frame(rows: list[dict]) -> pd.DataFrame:
     base = {"class": "exact", "cached_tokens": 0, "drift": 0.0, "oracle": "logprob", "interval": 128,
-            "variant": "full", "onset_points_at": None, "restored_verify_crossed": False}
+            "variant": "full", "onset_points_at": None, "restored_verify_crossed": False,
+            "restored_link": None}
     return pd.DataFrame([{**base, **r} for r in rows])
 
 
