@@ -164,8 +164,10 @@ def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]
 
     `restored_link`: "verify" when the engine reported the previous turn's verify steps (spec_trace) and one
     crossed b; "position" when it did not report them and b lies in the previous turn's generated positions
-    (so some verify step crossed it, which one is unknown); "none" when the previous turn did not cross b
-    (by its reported steps or its positions); None without a restore or a previous turn.
+    (so some verify step crossed it, which one is unknown); "prefill" when b lies inside the previous turn's
+    prompt past what that turn restored itself (a checkpoint its prefill took: on SGLang's 64-token grid, not
+    a multiple of the interval); "none" otherwise (the previous turn did not take it: another session's, or one
+    restored before); None without a restore or a previous turn.
     """
     index: dict[tuple, int] = {}
     for i, r in enumerate(rows):
@@ -177,7 +179,8 @@ def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]
         prev = index.get((row["pool"], row["concurrency"], row["session_id"], turn - 1))
         if prev is None:
             continue
-        row["restored_link"] = "none"
+        before = rows[prev]
+        row["restored_link"] = "prefill" if before["cached_tokens"] < cached <= before["input_len"] else "none"
         for x in crossings[prev]:
             if x.boundary != cached:
                 continue

@@ -109,6 +109,8 @@ def attribution_text(row: dict) -> str:
         elif row.get("restored_link") == "position":
             text += (f", a checkpoint turn {row['turn'] - 1} crossed (position-linked; which verify step: unknown, "
                      "the engine does not report verify steps)")
+        elif row.get("restored_link") == "prefill":
+            text += f", a checkpoint turn {row['turn'] - 1}'s prefill took (64-token grid)"
         parts.append(text)
     else:
         parts.append("no checkpoint restored")

@@ -10,14 +10,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from protocol.boundaries import nearest_boundary_offset
 from records.schema import CACHE_COUNTERS
 from reports.analyze import REQUEST_COLUMNS, crossings_json
 from reports.coverage import cells, cells_reached, coverage_table
 from reports.oracle import CLASSES, FLAGGED
 
 # Boundary kinds, in report order (docs/reports.md says what offset and commit_len mean for each).
-BOUNDARY_KINDS = ("restored", "restored_verify", "restored_position", "crossed_verify", "crossed_inferred", "prompt",
-                  "drift_onset", "divergence")
+BOUNDARY_KINDS = ("restored", "restored_verify", "restored_position", "restored_prefill", "crossed_verify",
+                  "crossed_inferred", "prompt", "drift_onset", "divergence")
 
 BOUNDARY_COLUMNS = ["interval", "boundary_kind", "offset", "commit_len", "requests", *CLASSES,
                     "hard_rate", "drift_rate", "soft_rate", "untracked", "onset_at_restore"]
@@ -58,6 +59,8 @@ def attributions(df: pd.DataFrame) -> pd.DataFrame:
                 _na(r["restored_crossing_tracked"]) is False)
         elif r["restored_link"] == "position":  # verify steps not reported: which step and commit is unknown
             add("restored_position", None, None)
+        elif r["restored_link"] == "prefill":  # the previous turn's prefill checkpoint: offset from the I grid
+            add("restored_prefill", nearest_boundary_offset(int(r["cached_tokens"]), int(interval)))
         for x in r["crossings"]:
             if x["source"] == "reported":
                 add("crossed_verify", x["step"], x["commit_len"], x["tracked_agrees"] is False)

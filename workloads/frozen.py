@@ -21,7 +21,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from protocol.boundaries import boundaries_upto, next_boundary
+from protocol.boundaries import FLA_CHUNK_SIZE, boundaries_upto, next_boundary, prefill_track_position
 from protocol.tokenizer import BYTE_TOKENIZER, Tokenizer
 from workloads.corpus import DATA_DIR, TextCursor, heldout_documents
 from workloads.schema import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, Session, Turn, dumps_jsonl
@@ -239,6 +239,12 @@ def describe(sessions: list[Session]) -> str:
         for group in ("offset", "multi"):
             spans = Counter(s.meta["boundaries_spanned"] for s in mine if s.group == group)
             lines.append(f"  boundaries spanned by turn 0 ({group}): {_fmt_counts(spans)}")
+        # where a cold turn 0 (one extend) is checkpointed on the built-in engine / SGLang: the 64-token grid
+        ckpt = Counter(prefill_track_position(0, s.prompt_len, FLA_CHUNK_SIZE) for s in mine)
+        off_grid = sum(v for k, v in ckpt.items() if k and k % interval)
+        at = _fmt_counts(Counter({k: v for k, v in ckpt.items() if k}))
+        lines.append(f"  turn-0 prefill checkpoints (deepest 64-aligned position): {at}; {off_grid} not a multiple "
+                     f"of I; none (prompt < 64): {ckpt[None]}")
         multi = [s for s in mine if s.group == "multi"]
         lines.append("  multi: " + ", ".join(f"{s.session_id.rsplit('-', 1)[1]} len {s.prompt_len} "
                                              f"spans {s.meta['boundaries_spanned']}" for s in multi))

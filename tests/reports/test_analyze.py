@@ -246,7 +246,8 @@ def test_analyze_empty_input_has_every_column():
 @pytest.mark.parametrize("trace,cached,conc1,link", [
     ([[251, 3, -1], [254, 3, -1]], 256, 1, "verify"),  # turn 0's reported verify step crossed 256
     (None, 256, 1, "position"),  # no spec_trace: turn 0's outputs 250..265 cover 256, the step is unknown
-    (None, 128, 1, "none"),  # no spec_trace, and turn 0 never reached 128 while decoding
+    (None, 192, 1, "prefill"),  # 192 lies inside turn 0's 250-token prompt: a checkpoint its prefill took
+    ([[251, 3, -1], [254, 3, -1]], 192, 1, "prefill"),  # the same with reported verify steps
     ([[257, 3, -1], [260, 3, -1]], 256, 1, "none"),  # reported steps, none crossed 256
     (None, 256, 4, None),  # no turn 0 at that sweep point
     (None, 0, 1, None),  # nothing restored
@@ -256,6 +257,19 @@ def test_restored_link_by_verify_step_or_by_position(trace, cached, conc1, link)
     t1 = df[df["turn"] == 1].iloc[0]
     assert (None if pd.isna(t1["restored_link"]) else t1["restored_link"]) == link
     assert bool(t1["restored_verify_crossed"]) == (link == "verify")
+
+
+def test_prefill_restores_are_a_boundary_kind_with_their_offset_from_the_interval_grid():
+    from reports.results import attribution_text
+    from reports.tables import boundaries_table
+
+    df = two_turns(None, 192)
+    b = boundaries_table(df)
+    rp = b[b["boundary_kind"] == "restored_prefill"]
+    assert list(zip(rp["offset"], rp["requests"], rp["hard"], strict=True)) == [(-64, 1, 1)]  # 192 = 256 - 64
+    assert not {"restored_verify", "restored_position"} & set(b["boundary_kind"])
+    text = attribution_text(df[df["turn"] == 1].iloc[0].to_dict())
+    assert "a checkpoint turn 0's prefill took (64-token grid)" in text
 
 
 def test_position_linked_restores_are_a_boundary_kind_and_their_text_says_unknown():

@@ -80,6 +80,9 @@ def test_describe_prints_coverage(capsys):
     assert "boundaries spanned by turn 0 (multi): 2:1 3:2 4:1" in out
     assert "      -8      2  120, 248          24, 24" in out
     assert "    mid          165     188       84  mid-page, mid-edge" in out
+    # a cold turn 0 is checkpointed on the 64-token grid: 120..127 -> 64, 248..255 -> 192 (not multiples of I)
+    assert ("  turn-0 prefill checkpoints (deepest 64-aligned position): 64:8 128:6 192:10 256:4 320:1 448:1; "
+            "20 not a multiple of I; none (prompt < 64): 4") in out
     assert "total: 68 sessions (34 at I=128, 34 at I=256), 136 requests" in out
 
 
