@@ -53,8 +53,11 @@ def gdn_pool_forward(
             return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate)
         return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate,
                                               track_slots=track_slots, track_steps=track_offsets - 1)
-    state = state_pool[slots]
+    # index_select/index_copy_: the same row copies as pool[slots] (= ...), with less per-op work
+    state = state_pool.index_select(0, slots)
     if intermediate is not None:
+        if intermediate.dtype == torch.float32:  # the states go straight into the verify buffer
+            return gdn_verify(q, k, v, g, beta, state, scale, states_out=intermediate)[0]
         o, states = gdn_verify(q, k, v, g, beta, state, scale)
         intermediate.copy_(states)
         return o
@@ -67,7 +70,7 @@ def gdn_pool_forward(
     for b, off in _tracked_rows(track_offsets):
         snap = state_after(chunk_states, off, T) if T > 1 else chunk_states[:, 0]
         state_pool[track_slots[b]] = snap[b].to(state_pool.dtype)
-    state_pool[slots] = final.to(state_pool.dtype)
+    state_pool.index_copy_(0, slots, final.to(state_pool.dtype))
     return o
 
 

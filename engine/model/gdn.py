@@ -76,7 +76,9 @@ class GatedDeltaNet(nn.Module):
         q = F.normalize(q.reshape(B, T, self.hk, self.dk).float(), dim=-1)
         k = F.normalize(k.reshape(B, T, self.hk, self.dk).float(), dim=-1)
         rep = self.hv // self.hk
-        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)  # [B, T, Hv, Dk]
+        # each key head serves `rep` value heads (repeat_interleave's layout, as an expand: fewer ops)
+        q = q[:, :, :, None].expand(B, T, self.hk, rep, self.dk).reshape(B, T, self.hv, self.dk)
+        k = k[:, :, :, None].expand(B, T, self.hk, rep, self.dk).reshape(B, T, self.hv, self.dk)  # [B, T, Hv, Dk]
         v = v.reshape(B, T, self.hv, self.dv)
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
