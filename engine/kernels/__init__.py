@@ -102,13 +102,13 @@ def conv_pool_forward(
         from engine.kernels import conv_triton
 
         return conv_triton.causal_conv1d_pool(x, conv_pool, slots, weight, intermediate)
-    window = conv_pool[slots]
+    window = conv_pool.index_select(0, slots)
     if intermediate is not None:
         y, windows = causal_conv1d_verify(x, window, weight)
         intermediate.copy_(windows)
         return y
     y, new_window = causal_conv1d(x, window, weight)
-    conv_pool[slots] = new_window.to(conv_pool.dtype)
+    conv_pool.index_copy_(0, slots, new_window.to(conv_pool.dtype))
     return y
 
 
