@@ -57,15 +57,15 @@ def gdn_pool_forward(
     state = state_pool.index_select(0, slots)
     if intermediate is not None:
         if intermediate.dtype == torch.float32:  # the states go straight into the verify buffer
-            return gdn_verify(q, k, v, g, beta, state, scale, states_out=intermediate)[0]
-        o, states = gdn_verify(q, k, v, g, beta, state, scale)
+            return gdn_verify(q, k, v, g, beta, state, scale, states_out=intermediate, own_state=True)[0]
+        o, states = gdn_verify(q, k, v, g, beta, state, scale, own_state=True)
         intermediate.copy_(states)
         return o
     T = q.shape[1]
     if T > 1:
         o, final, chunk_states = gdn_chunk(q, k, v, g, beta, state, scale, return_chunk_states=True)
     else:
-        o, final = gdn_recurrent(q, k, v, g, beta, state, scale)
+        o, final = gdn_recurrent(q, k, v, g, beta, state, scale, own_state=True)
         chunk_states = final[:, None]
     for b, off in _tracked_rows(track_offsets):
         snap = state_after(chunk_states, off, T) if T > 1 else chunk_states[:, 0]
