@@ -1,8 +1,10 @@
 """Wall time of the full validation gate on this machine: what a user pays for one `python -m harness.run`.
 
 Runs `python -m harness.run --suite load --num-requests N` (default N = 1,024: the documented full
-validation, intervals 128/256 x concurrency 1/4/8/16 = 8,192 candidate requests) against the
-built-in engine with the trained weights, then prints from its records (no assertions):
+validation, intervals 128/256 x concurrency 1/4/8/16) against the built-in engine with the trained
+weights, then prints from its records (no assertions). The load suite's N requests are split between
+the two interval pools by each session's interval, so a sweep point sends N candidate requests in
+all and the run 4 x N (4,096 at N = 1,024):
   * wall time of the whole command (Ray and replica start-up included) and of the driver alone;
   * candidate requests/s;
   * the share of the driver's time during which at least one reference request was in flight,
@@ -44,7 +46,7 @@ def spans(records: list[dict]) -> list[tuple[float, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--num-requests", type=int, default=FULL, help="load-suite requests per interval pool")
+    ap.add_argument("--num-requests", type=int, default=FULL, help="load-suite requests (per sweep point, all pools)")
     ap.add_argument("--runs-dir", default=None, help="keep the run here (default: a temporary directory)")
     ap.add_argument("harness_args", nargs="*", help="extra harness.run flags (after --)")
     args = ap.parse_args()
@@ -84,7 +86,7 @@ def main() -> None:
         print(f"  {pool} c={conc}: {n} requests in {e0 - s0:.1f}s")
     if args.num_requests < FULL:
         scale = FULL / args.num_requests
-        print(f"extrapolated full validation ({FULL} requests per pool, linear in the requests' time): "
+        print(f"extrapolated full validation (--num-requests {FULL}, linear in the requests' time): "
               f"{(startup + driver * scale) / 60:.1f} min (measured at 1/{scale:g} scale)")
 
 
