@@ -4,6 +4,9 @@ The server streams canned SGLang answers (cumulative snapshots with logprobs and
 top-2) without any model. By default it runs in a child process, so that
 `time.process_time()` counts only the driver; `--in-process` serves from the
 driver's own event loop (then the CPU figure includes the server).
+The same requests are then sent by a bare aiohttp loop (POST, read and JSON-decode every stream
+chunk and the reference answer, nothing recorded) against the same server, and the driver's CPU
+per request is printed as a ratio of that floor.
 
     python benchmarks/driver_bench.py --requests 2000 --concurrency 16
 """
@@ -114,6 +117,44 @@ async def bench(url: str | None, args: argparse.Namespace) -> tuple[int, float, 
     return progress.done, wall, cpu
 
 
+async def bare(url: str | None, args: argparse.Namespace) -> tuple[int, float, float]:
+    """The floor: the same candidate (streamed) and reference (one body) requests from a bare aiohttp loop."""
+    runner = None
+    if url is None:
+        runner = web.AppRunner(make_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    work = [(t.input_ids or s.turns[0].input_ids + t.suffix_ids) for s in
+            sessions(args.requests, args.prompt_len, args.max_new_tokens) for t in s.turns][: args.requests]
+    todo = iter(work)
+
+    async def worker(http: aiohttp.ClientSession) -> int:
+        n = 0
+        for ids in todo:
+            for stream in (True, False):
+                body = {"input_ids": list(ids), "stream": stream,
+                        "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}
+                async with http.post(url + "/generate", json=body) as resp:
+                    if stream:
+                        async for line in resp.content:
+                            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                                json.loads(line[6:])
+                    else:
+                        await resp.json()
+            n += 1
+        return n
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        n = sum(await asyncio.gather(*(worker(http) for _ in range(args.concurrency))))
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    if runner is not None:
+        await runner.cleanup()
+    return n, wall, cpu
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=2000, help="candidate requests (each also has a reference)")
@@ -142,6 +183,7 @@ def main() -> None:
                 time.sleep(0.05)
     try:
         n, wall, cpu = asyncio.run(bench(url, args))
+        bn, bwall, bcpu = asyncio.run(bare(url, args))
     finally:
         if proc is not None:
             proc.terminate()
@@ -151,6 +193,8 @@ def main() -> None:
     print(f"requests/s: {n / wall:.0f} candidate ({2 * n / wall:.0f} HTTP requests/s)")
     print(f"client CPU: {1000 * cpu / n:.2f} ms per candidate request (incl. its reference and records); "
           f"wall {wall:.2f}s, CPU {cpu:.2f}s")
+    print(f"bare aiohttp loop, same requests and server: {1000 * bcpu / bn:.2f} ms per candidate request "
+          f"(wall {bwall:.2f}s); driver / bare = {(cpu / n) / (bcpu / bn):.2f}x")
 
 
 if __name__ == "__main__":

@@ -6,14 +6,24 @@ Prints (no assertions):
   * held-out bits per byte and the share of positions whose top-1/top-2 log-prob margin is below 0.5;
   * the acceptance histogram over the frozen suite's turn-0 prompts (their max_new_tokens and interval).
 
-Usage: python benchmarks/spec_speedup.py [--model-path default] [--new 128] [--threads 1] [--no-frozen]
+With --http, instead: decode tokens/s at concurrency 1 through two `python -m engine.serve` servers
+started side by side (DFlash B = 8 and no speculation; radix cache off so repeats do not hit it), the
+same prompts sent one at a time to each in turn, and their ratio, best of --repeats.
+
+Usage: python benchmarks/spec_speedup.py [--model-path default] [--new 128] [--threads 1] [--no-frozen] [--http]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 from collections import Counter
 
 import torch
@@ -111,6 +121,72 @@ def frozen_histogram(model_path: str, block: int = 8) -> tuple[float, list[int],
     return mean, hist, sum(hist)
 
 
+def start_server(model_path: str, spec: str, threads: int) -> tuple[subprocess.Popen, str]:
+    """`python -m engine.serve` on a free port; returns (process, base URL) once /health answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model-path", model_path, "--port", str(port),
+                             "--speculative-algorithm", spec, "--disable-radix-cache"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"engine.serve --speculative-algorithm {spec} exited with status {proc.returncode}")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=5).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"engine.serve --speculative-algorithm {spec} did not answer /health within 300s")
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system, all threads) the process has used so far (Linux /proc)."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def http_time(url: str, prompts, new: int, pid: int) -> tuple[float, float, int]:
+    """(wall seconds, server CPU seconds) to send the prompts one at a time (concurrency 1), and the
+    output tokens received."""
+    t, c, toks = time.perf_counter(), proc_cpu(pid), 0
+    for p in prompts:
+        body = json.dumps({"input_ids": list(p), "sampling_params": {"max_new_tokens": new, "ignore_eos": True,
+                                                                     "temperature": 0}}).encode()
+        req = urllib.request.Request(url + "/generate", body, {"Content-Type": "application/json"})
+        toks += len(json.loads(urllib.request.urlopen(req, timeout=600).read())["output_ids"])
+    return time.perf_counter() - t, proc_cpu(pid) - c, toks
+
+
+def http_speedup(args, prompts) -> None:
+    """Decode tok/s through two servers (DFLASH, NONE), same prompts, interleaved; best of repeats each."""
+    servers = {spec: start_server(args.model_path, spec, args.threads) for spec in ("DFLASH", "NONE")}
+    try:
+        best = {spec: 0.0 for spec in servers}
+        best_cpu = {spec: 0.0 for spec in servers}
+        for proc, url in servers.values():
+            http_time(url, prompts[:1], 16, proc.pid)  # warm-up
+        for _ in range(args.repeats):
+            for spec, (proc, url) in servers.items():  # interleaved: both see the same machine load
+                t_prefill, c_prefill, _ = http_time(url, prompts, 1, proc.pid)
+                t_all, c_all, toks = http_time(url, prompts, args.new, proc.pid)
+                best[spec] = max(best[spec], (toks - len(prompts)) / max(1e-9, t_all - t_prefill))
+                best_cpu[spec] = max(best_cpu[spec], (toks - len(prompts)) / max(1e-9, c_all - c_prefill))
+        print(f"through HTTP (python -m engine.serve), concurrency 1, decode tokens/s best of {args.repeats}: "
+              f"DFLASH B=8 {best['DFLASH']:.1f}, NONE {best['NONE']:.1f}, speedup "
+              f"{best['DFLASH'] / best['NONE']:.2f}x")
+        print(f"  per server CPU-second (steadier on a shared machine): DFLASH B=8 {best_cpu['DFLASH']:.1f}, "
+              f"NONE {best_cpu['NONE']:.1f}, speedup {best_cpu['DFLASH'] / best_cpu['NONE']:.2f}x")
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model-path", default="default")
@@ -121,11 +197,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per configuration (the best is shown)")
     ap.add_argument("--bpb-windows", type=int, default=96, help="held-out windows of 512 bytes for bits per byte")
     ap.add_argument("--no-frozen", action="store_true", help="skip the frozen-suite histogram")
+    ap.add_argument("--http", action="store_true", help="only the DFLASH/NONE comparison through two servers")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     prompts = heldout_prompts(args.prompts, args.prompt_len)
     print(f"model {args.model_path!r}, {len(prompts)} held-out prompts of {args.prompt_len} bytes, "
           f"{args.new} new tokens each, greedy, torch threads {args.threads}")
+    if args.http:
+        http_speedup(args, prompts)
+        return
 
     rows, rates = [], {}
     for conc in (1, 8):

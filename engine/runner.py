@@ -91,7 +91,7 @@ class ModelRunner:
         return fb
 
     # --- forwards -----------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def extend(self, tokens: list[int], start: int, pages: list[int], slot: int, track_slot: int = -1,
                track_offset: int = -1) -> torch.Tensor:
         """Prefill chunk of one sequence: positions [start, start+T); state advances. Returns last logits [V].
@@ -108,7 +108,7 @@ class ModelRunner:
             self._write_draft_ctx(aux, fb)
         return self.model.logits(hidden[:, -1])[0]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def decode(self, tokens: list[int], starts: list[int], pages: list[list[int]], slots: list[int]) -> torch.Tensor:
         """One token per sequence at position starts[b]; states advance. Returns logits [B, V]."""
         fb = self._fb(starts, 1, pages, slots, verify=False)
@@ -117,7 +117,7 @@ class ModelRunner:
             self._write_draft_ctx(aux, fb)
         return self.model.logits(hidden[:, 0])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def verify(self, blocks: list[list[int]], starts: list[int], pages: list[list[int]], slots: list[int]):
         """Target forward over each block; linear states untouched.
 
@@ -129,7 +129,7 @@ class ModelRunner:
         self._last_verify = (fb, aux)
         return self.model.logits(hidden)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def draft(self, anchors: list[int], starts: list[int], pages: list[list[int]], block_size: int,
               mask_id: int) -> torch.Tensor:
         """One drafter forward per block [anchor, MASK x (B-1)]; returns logits [B, block_size, V]."""
@@ -156,7 +156,7 @@ class ModelRunner:
             self.draft_kv.k[i][sel.reshape(-1)] = k.reshape(-1, *k.shape[-2:])
             self.draft_kv.v[i][sel.reshape(-1)] = v.reshape(-1, *v.shape[-2:])
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def commit_verify(self, working_slots: list[int], commit_lens: list[int], track_slots: list[int],
                       track_steps: list[int], conv_tracked: bool = True,
                       conv_commit_steps: list[int] | None = None) -> None:

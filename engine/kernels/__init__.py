@@ -53,21 +53,24 @@ def gdn_pool_forward(
             return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate)
         return gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, state_pool, slots, scale, intermediate,
                                               track_slots=track_slots, track_steps=track_offsets - 1)
-    state = state_pool[slots]
+    # index_select/index_copy_: the same row copies as pool[slots] (= ...), with less per-op work
+    state = state_pool.index_select(0, slots)
     if intermediate is not None:
-        o, states = gdn_verify(q, k, v, g, beta, state, scale)
+        if intermediate.dtype == torch.float32:  # the states go straight into the verify buffer
+            return gdn_verify(q, k, v, g, beta, state, scale, states_out=intermediate, own_state=True)[0]
+        o, states = gdn_verify(q, k, v, g, beta, state, scale, own_state=True)
         intermediate.copy_(states)
         return o
     T = q.shape[1]
     if T > 1:
         o, final, chunk_states = gdn_chunk(q, k, v, g, beta, state, scale, return_chunk_states=True)
     else:
-        o, final = gdn_recurrent(q, k, v, g, beta, state, scale)
+        o, final = gdn_recurrent(q, k, v, g, beta, state, scale, own_state=True)
         chunk_states = final[:, None]
     for b, off in _tracked_rows(track_offsets):
         snap = state_after(chunk_states, off, T) if T > 1 else chunk_states[:, 0]
         state_pool[track_slots[b]] = snap[b].to(state_pool.dtype)
-    state_pool[slots] = final.to(state_pool.dtype)
+    state_pool.index_copy_(0, slots, final.to(state_pool.dtype))
     return o
 
 
@@ -99,13 +102,13 @@ def conv_pool_forward(
         from engine.kernels import conv_triton
 
         return conv_triton.causal_conv1d_pool(x, conv_pool, slots, weight, intermediate)
-    window = conv_pool[slots]
+    window = conv_pool.index_select(0, slots)
     if intermediate is not None:
         y, windows = causal_conv1d_verify(x, window, weight)
         intermediate.copy_(windows)
         return y
     y, new_window = causal_conv1d(x, window, weight)
-    conv_pool[slots] = new_window.to(conv_pool.dtype)
+    conv_pool.index_copy_(0, slots, new_window.to(conv_pool.dtype))
     return y
 
 

@@ -15,9 +15,19 @@ def causal_conv1d(
     weight: torch.Tensor,  # [C, K] depthwise
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """SiLU(depthwise causal conv) over x continuing from conv_state; returns (y, new_state)."""
-    y, windows = causal_conv1d_verify(x, conv_state, weight)
-    new_state = windows[:, -1] if x.shape[1] else conv_state.clone()
-    return y, new_state
+    if not x.shape[1]:
+        return causal_conv1d_verify(x, conv_state, weight)[0], conv_state.clone()
+    y, xx = _conv(x, conv_state, weight)
+    T, kw = x.shape[1], conv_state.shape[-1]
+    return y.transpose(1, 2), xx[:, :, T : T + kw].contiguous()  # the last window: the final K-1 inputs
+
+
+def _conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(SiLU(conv) [B, C, T], the inputs [window | x] [B, C, K-1+T])."""
+    K = weight.shape[1]
+    xx = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, C, K-1+T]
+    frames = xx.unfold(2, K, 1)  # [B, C, T, K]
+    return torch.nn.functional.silu((frames * weight[None, :, None, :].to(x.dtype)).sum(-1)), xx
 
 
 def causal_conv1d_verify(
@@ -25,10 +35,8 @@ def causal_conv1d_verify(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Like causal_conv1d, but returns the window after every step [B, T, C, K-1]; input untouched."""
     K = weight.shape[1]
-    xx = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, C, K-1+T]
     T = x.shape[1]
-    frames = xx.unfold(2, K, 1)  # [B, C, T, K]
-    y = torch.nn.functional.silu((frames * weight[None, :, None, :].to(x.dtype)).sum(-1))  # [B, C, T]
+    y, xx = _conv(x, conv_state, weight)  # [B, C, T]
     windows = xx.unfold(2, K - 1, 1)[:, :, 1 : T + 1]  # [B, C, T, K-1]
     return y.transpose(1, 2), windows.permute(0, 2, 1, 3).contiguous()
 

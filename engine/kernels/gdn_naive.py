@@ -23,34 +23,56 @@ def gdn_recurrent(
     beta: torch.Tensor,  # [B, T, H]
     state: torch.Tensor,  # [B, H, Dk, Dv]
     scale: float,
+    own_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Outputs [B, T, H, Dv] and the final state; the input state is not modified."""
-    o, states = gdn_verify(q, k, v, g, beta, state, scale)
-    final = states[:, -1] if states.shape[1] else state.clone()
-    return o, final
+    """Outputs [B, T, H, Dv] and the final state; the input state is not modified unless `own_state`
+    (then it may be updated in place: see gdn_verify)."""
+    if q.shape[1] == 0:
+        return gdn_verify(q, k, v, g, beta, state, scale)[0], state.float().clone()
+    final = []
+    o, _ = gdn_verify(q, k, v, g, beta, state, scale, final=final, own_state=own_state)
+    return o, final[0]
 
 
 def gdn_verify(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state: torch.Tensor, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    state: torch.Tensor, scale: float, states_out: torch.Tensor | None = None, final: list | None = None,
+    own_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Outputs [B, T, H, Dv] and every intermediate state [B, T, H, Dk, Dv].
 
     Step i is the state after token i. The input state is left untouched, which
     is what speculative verification needs: the accepted step is chosen later.
+    `states_out` (fp32 [B, T, H, Dk, Dv]) receives the states instead of a new tensor;
+    with `final` (a list) only the last state is kept, appended to it, and None is returned
+    for the states (plain decode). Per step the work is the module doc's four lines over
+    (B*H) batched [Dk, Dv] matrices: a few large ops, not one per head, since the cost of a
+    decode step on a CPU is the number of ops. `own_state`: the caller hands `state` over (a
+    private copy), so the steps update it in place instead of allocating a new state per step.
     """
     out_dtype = v.dtype
     q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
-    S = state.float().clone()
-    B, T, H, _ = q.shape
-    outs, states = [], []
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    BH = B * H
+    S = state.float()
+    if not own_state and S.data_ptr() == state.data_ptr():
+        S = S.clone()  # the input state stays untouched
+    S = S.contiguous().reshape(BH, Dk, Dv)
+    keep = final is None
+    if keep and states_out is None:
+        states_out = S.new_empty(B, T, H, Dk, Dv)
+    outs = q.new_empty(B, T, H, Dv)
+    qs = q * scale
     for t in range(T):
-        S = S * g[:, t].exp()[..., None, None]
-        kt, vt = k[:, t], v[:, t]  # [B, H, Dk], [B, H, Dv]
-        u = beta[:, t, :, None] * (vt - (kt[..., None, :] @ S)[..., 0, :])  # S^T k
-        S = S + kt[..., :, None] * u[..., None, :]  # k u^T
-        outs.append(((q[:, t] * scale)[..., None, :] @ S)[..., 0, :])  # S^T q
-        states.append(S)
-    if T == 0:
-        return q.new_zeros(B, 0, H, v.shape[-1]).to(out_dtype), S.new_zeros(B, 0, *S.shape[1:])
-    return torch.stack(outs, 1).to(out_dtype), torch.stack(states, 1)
+        # exp of this step's [B, H] slice only: the same elementwise kernel path as one step at a time
+        S.mul_(g[:, t].exp().reshape(BH, 1, 1))
+        kt = k[:, t].reshape(BH, 1, Dk)
+        u = beta[:, t].reshape(BH, 1, 1) * (v[:, t].reshape(BH, 1, Dv) - torch.bmm(kt, S))  # beta (v - S^T k)
+        S.add_(kt.transpose(1, 2) * u)  # k u^T
+        outs[:, t] = torch.bmm(qs[:, t].reshape(BH, 1, Dk), S).reshape(B, H, Dv)  # S^T q
+        if keep:
+            states_out[:, t] = S.reshape(B, H, Dk, Dv)
+    if not keep:
+        final.append(S.reshape(B, H, Dk, Dv))
+    return outs.to(out_dtype), states_out

@@ -69,14 +69,17 @@ class GatedDeltaNet(nn.Module):
         """
         B, T, _ = x.shape
         kd_l, vd_l = self.hk * self.dk, self.hv * self.dv
-        q, k, v, z = self.in_proj_qkvz(x).split([kd_l, kd_l, vd_l, vd_l], dim=-1)
+        qkvz = self.in_proj_qkvz(x)
+        z = qkvz[..., 2 * kd_l + vd_l :]
         b, a = self.in_proj_ba(x).chunk(2, dim=-1)  # [B, T, Hv] each
-        mixed = conv(torch.cat([q, k, v], dim=-1))  # [B, T, C]
+        mixed = conv(qkvz[..., : 2 * kd_l + vd_l])  # [B, T, C]: q, k, v side by side already
         q, k, v = mixed.split([kd_l, kd_l, vd_l], dim=-1)
         q = F.normalize(q.reshape(B, T, self.hk, self.dk).float(), dim=-1)
         k = F.normalize(k.reshape(B, T, self.hk, self.dk).float(), dim=-1)
         rep = self.hv // self.hk
-        q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)  # [B, T, Hv, Dk]
+        # each key head serves `rep` value heads (repeat_interleave's layout, as an expand: fewer ops)
+        q = q[:, :, :, None].expand(B, T, self.hk, rep, self.dk).reshape(B, T, self.hv, self.dk)
+        k = k[:, :, :, None].expand(B, T, self.hk, rep, self.dk).reshape(B, T, self.hv, self.dk)  # [B, T, Hv, Dk]
         v = v.reshape(B, T, self.hv, self.dv)
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())

@@ -92,11 +92,23 @@ class MLP(nn.Module):
         return self.down(F.silu(gate) * up)
 
 
+_INV_FREQ: dict[tuple[int, float, torch.device], torch.Tensor] = {}
+
+
+def _inv_freq(D: int, theta: float, device: torch.device) -> torch.Tensor:
+    """RoPE's frequencies, computed once per (head dim, theta, device): the same values every call."""
+    key = (D, theta, device)
+    if key not in _INV_FREQ:
+        with torch.inference_mode(False), torch.no_grad():  # a plain tensor, usable by training too
+            _INV_FREQ[key] = 1.0 / (theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
+    return _INV_FREQ[key]
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (rotate-half form). x [B, T, H, D], positions [B, T]."""
     D = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
-    ang = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    ang = positions.float()[..., None] * _inv_freq(D, theta, x.device)  # [B, T, D/2]
     cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
-    x1, x2 = x.float()[..., : D // 2], x.float()[..., D // 2 :]
+    xf = x.float()
+    x1, x2 = xf[..., : D // 2], xf[..., D // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
