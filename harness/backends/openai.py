@@ -24,6 +24,7 @@ from harness.backends import PROBE_KEY, Backend, ReplicaFailure, RequestError, p
 from harness.backends.info import block_size_of
 from harness.backends.metrics import fetch_samples, vllm_settings
 from harness.backends.openai_parse import TOP_K, Answer, TokenMap
+from harness.backends.sse import DONE, sse_data, stream_timing
 from records.schema import Generation
 
 VENDOR_FIELDS = ("ignore_eos", "return_token_ids")  # vLLM/SGLang extensions a strict OpenAI server refuses
@@ -214,30 +215,20 @@ def _token_source(cli_tokenizer: str | None, info: dict) -> str | None:
 
 async def _read_stream(resp: aiohttp.ClientResponse, t0: float, tokens: TokenMap) -> Generation:
     """Accumulate OpenAI stream chunks (deltas) into one answer; TTFT at the first chunk carrying tokens."""
-    answer, buf, done = Answer(), b"", False
+    answer, done = Answer(), False
     t_first = t_last = None
-    async for data in resp.content.iter_any():
-        now = time.perf_counter()
-        buf += data
-        *events, buf = buf.split(b"\n\n")
-        for event in events:
-            event = event.strip()
-            if not event.startswith(b"data:"):
-                continue
-            body = event[5:].strip()
-            if body == b"[DONE]":
-                done = True
-                continue
-            obj = json.loads(body)
-            if isinstance(obj.get("error"), (str, dict)):
-                raise RequestError(f"server error: {obj['error']}")
-            if answer.absorb(obj):
-                t_first = t_first if t_first is not None else now
-                t_last = now
+    async for now, body in sse_data(resp):
+        if body == DONE:
+            done = True
+            continue
+        obj = json.loads(body)
+        if isinstance(obj.get("error"), (str, dict)):
+            raise RequestError(f"server error: {obj['error']}")
+        if answer.absorb(obj):
+            t_first = t_first if t_first is not None else now
+            t_last = now
     if not done and answer.finish_reason is None:
         raise ReplicaFailure("stream ended before the request finished")
     gen = answer.generation(tokens, None, None, time.perf_counter() - t0)
-    n = len(gen.output_ids)
-    ttft = t_first - t0 if t_first is not None else None
-    itl = (t_last - t_first) / (n - 1) if t_first is not None and n > 1 else None
+    ttft, itl = stream_timing(t0, t_first, t_last, len(gen.output_ids))
     return replace(gen, ttft=ttft, itl=itl)

@@ -9,6 +9,7 @@ import time
 import aiohttp
 
 from harness.backends import Backend, ReplicaFailure, RequestError
+from harness.backends.sse import DONE, sse_data, stream_timing
 from records.schema import Generation
 
 TOP_K = 2  # top logprobs per token the margin test needs (top-1 vs top-2)
@@ -140,41 +141,30 @@ class StreamAssembly:
 async def _read_stream(resp: aiohttp.ClientResponse, t0: float, incremental: bool = False) -> Generation:
     """The final answer of a server-sent-event stream. Cumulative chunks: only the first one carrying tokens (for
     TTFT) and the last one are parsed; incremental chunks are each parsed and put together."""
-    buf = b""
-    last: dict | None = None
+    last: dict | bytes | None = None
     assembly = StreamAssembly() if incremental else None
     t_first = t_last = None
     done = False
-    async for data in resp.content.iter_any():
-        now = time.perf_counter()
-        buf += data
-        *events, buf = buf.split(b"\n\n")
-        for event in events:
-            event = event.strip()
-            if not event.startswith(b"data:"):
-                continue
-            body = event[5:].strip()
-            if body == b"[DONE]":
-                done = True
-                continue
-            obj = json.loads(body) if assembly is not None or t_first is None or b'"error"' in body else None
-            if obj is not None and (failure := stream_error(obj)) is not None:
-                raise failure
-            t_last = now
-            if assembly is not None:
-                assembly.add(obj)
-            last = obj if obj is not None else body
-            if t_first is None and obj is not None and obj.get("output_ids"):
-                t_first = now
+    async for now, body in sse_data(resp):
+        if body == DONE:
+            done = True
+            continue
+        obj = json.loads(body) if assembly is not None or t_first is None or b'"error"' in body else None
+        if obj is not None and (failure := stream_error(obj)) is not None:
+            raise failure
+        t_last = now
+        if assembly is not None:
+            assembly.add(obj)
+        last = obj if obj is not None else body
+        if t_first is None and obj is not None and obj.get("output_ids"):
+            t_first = now
     if last is None:
         raise ReplicaFailure("stream ended without an answer")
     obj = assembly.answer() if assembly is not None else (last if isinstance(last, dict) else json.loads(last))
     finish = (obj.get("meta_info") or {}).get("finish_reason")
     if not done and finish is None:
         raise ReplicaFailure("stream ended before the request finished")
-    n = len(obj.get("output_ids") or [])
-    ttft = t_first - t0 if t_first is not None else None
-    itl = (t_last - t_first) / (n - 1) if t_first is not None and n > 1 else None
+    ttft, itl = stream_timing(t0, t_first, t_last, len(obj.get("output_ids") or []))
     return parse_answer(obj, ttft, itl, time.perf_counter() - t0)
 
 
