@@ -15,6 +15,7 @@ from pathlib import Path
 from harness.engine_args import COVER_ARGS, EngineArgsError, engine_overrides
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 
+ENGINES = ("builtin", "vllm")
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # ints: comma list; strs: repeatable; cmd: a command line (argv); args: flags (argv, may be empty)
 KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
@@ -22,7 +23,7 @@ KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "intervals", "concurrency", "block_size", "model_path",
                 "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer",
-                "candidate_args", "diagnose", "cover")
+                "candidate_args", "diagnose", "cover", "engine")
 # Settings a resume never takes from the run directory (a file anyone with write access to it could have
 # edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
 NOT_FROM_RUN_DIR = ("server_command", "address")
@@ -43,6 +44,10 @@ def setting(default, kind: str, help: str):
 class RunConfig:
     """One harness run: workload, sweep, pools, cluster, run directory and gate thresholds."""
 
+    engine: str = setting("builtin", "str", "what the Ray replicas run: builtin (engine.serve) or vllm (vLLM's "
+                          "OpenAI server from its own venv, see --vllm-python; implies --backend openai)")
+    vllm_python: str | None = setting(None, "str", "--engine vllm: the vLLM venv's interpreter (default "
+                                      "$SPECGATE_VLLM_PYTHON, else .venv-vllm/bin/python from `make vllm`)")
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
     num_requests: int | None = setting(None, "int", "requests of the load suite")
     intervals: tuple[int, ...] = setting((128, 256), "ints", "mamba track intervals; one candidate pool each")
@@ -51,12 +56,15 @@ class RunConfig:
     reference_replicas: int = setting(1, "int", "replicas of the reference (cold-path) pool")
     tp_size: int = setting(1, "int", "tensor-parallel ranks per replica")
     block_size: int = setting(8, "int", "DFlash block size B (--speculative-num-draft-tokens)")
-    model_path: str = setting("default", "str", "default (bundled weights), random, or a weights directory")
+    model_path: str = setting("default", "str", "default (bundled weights), random, or a weights directory "
+                              "(--model DIR: with --engine vllm, a model directory from `python -m harness.models "
+                              "build`)")
     model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)")
     inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
                                        "the reference stays the clean oracle")
-    candidate_args: tuple[str, ...] = setting((), "args", "engine.serve flags for the candidate replicas only, "
-                                              "e.g. '--max-state-slots 12' to evict checkpoints under pressure")
+    candidate_args: tuple[str, ...] = setting((), "args", "engine flags for the candidate replicas only: "
+                                              "engine.serve's, e.g. '--max-state-slots 12'; with --engine vllm, "
+                                              "vLLM's, e.g. '--enable-prefix-caching --speculative-config JSON'")
     diagnose: bool = setting(False, "bool", "differential diagnosis: add a speculation-only (radix off) and a "
                              "cache-only (no speculation) pool per interval beside the full candidate")
     cover: bool = setting(False, "bool", "built-in engine: run the cover suite with the scripted drafter, so "
@@ -125,7 +133,8 @@ class RunConfig:
         """The gate's thresholds for this run (the drift tolerance resolved per target)."""
         tolerance = self.drift_tolerance
         if tolerance is None:
-            tolerance = EXTERNAL_DRIFT_TOLERANCE if self.external else GATE.drift_tolerance
+            tolerance = EXTERNAL_DRIFT_TOLERANCE if self.external or self.engine != "builtin" \
+                else GATE.drift_tolerance
         return GateThresholds(max_hard=self.max_hard, max_errors=self.max_errors, max_soft_rate=self.max_soft_rate,
                               margin_threshold=self.margin_threshold, max_drift=self.max_drift,
                               drift_tolerance=tolerance)
@@ -206,7 +215,10 @@ def validate(c: RunConfig) -> None:
     need(not c.endpoint or c.reference_endpoint,
          "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
          "the same model, served without speculation and without radix cache")
-    _validate_candidates(c)
+    if c.engine == "vllm":
+        _validate_vllm(c, need)
+    else:
+        _validate_candidates(c)
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
 
@@ -216,7 +228,9 @@ def validate_backend(c: RunConfig, need) -> None:
     from harness.backends import BACKENDS
 
     need(c.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {c.backend!r}")
-    need(c.backend == "sglang" or c.external, f"--backend {c.backend} drives already-running servers: give "
+    need(c.engine in ENGINES, f"--engine must be one of {', '.join(ENGINES)}, got {c.engine!r}")
+    need(c.backend == "sglang" or c.external or c.engine == "vllm",
+         f"--backend {c.backend} drives already-running servers: give "
          "--endpoint and --reference-endpoint (built-in replicas speak sglang)")
     path = c.tokenizer
     need(path is None or bool(path) and (not path.startswith((".", "/", "~")) and not path.endswith(".json")
@@ -224,9 +238,28 @@ def validate_backend(c: RunConfig, need) -> None:
          f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
 
 
+def _validate_vllm(c: RunConfig, need) -> None:
+    """--engine vllm: a local model directory, the OpenAI backend, vLLM's own flags in --candidate-args."""
+    from harness.vllm.profile import VLLMArgsError, check_args
+
+    need(not c.external, "--engine vllm starts vLLM replicas under Ray; for already-running servers give "
+         "--endpoint / --reference-endpoint with --backend openai instead")
+    need(c.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {c.backend}")
+    need(Path(c.model_path).expanduser().joinpath("config.json").is_file(),
+         f"--model {c.model_path}: not a model directory with a config.json (build one with "
+         "`python -m harness.models build DIR --arch llama`)")
+    for name in ("inject_fault", "page_size", "cover"):
+        need(not getattr(c, name), f"{flag(name)} applies to the built-in engine, not --engine vllm")
+    need(c.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
+    try:
+        check_args(c.candidate_args)
+    except VLLMArgsError as e:
+        raise ConfigError(f"--candidate-args: {e}") from None
+
+
 def _validate_candidates(c: RunConfig) -> None:
     """--candidate-args, --diagnose and --cover: built-in replicas only, and flags the engine accepts."""
-    for name in ("candidate_args", "diagnose", "cover"):
+    for name in ("candidate_args", "diagnose", "cover", "engine"):
         if getattr(c, name) and c.external:
             raise ConfigError(f"{flag(name)} configures built-in replicas; it does not apply to --endpoint servers")
     if c.cover and c.suite != "frozen":

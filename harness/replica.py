@@ -104,14 +104,16 @@ class ReplicaServer:
 
     def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
                  startup_timeout: float, log_dir: str, engine_cfg: dict | None = None, api_key: str | None = None,
-                 bind: str = "node", recover_timeout: float | None = None) -> None:
+                 bind: str = "node", recover_timeout: float | None = None, profile: str = "builtin") -> None:
         """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it).
         `bind`: "loopback" (the cluster is this node) or "node" (listen on the node's address).
-        `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`)."""
+        `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`).
+        `profile`: "builtin" (engine.serve) or "vllm" (its environment: harness/vllm/__init__.py)."""
         import ray
 
         ctx = ray.get_runtime_context()
         self.replica_id = replica_id
+        self.profile, self.log_dir = profile, log_dir
         self.node_id = ctx.get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.host = "127.0.0.1" if bind == "loopback" else self.node_ip
@@ -160,7 +162,12 @@ class ReplicaServer:
         if self.api_key:
             env[API_KEY_ENV] = self.api_key
         env[TP_SECRET_ENV] = self.tp_secret
-        if self.workdir:
+        if self.profile == "vllm":  # its own venv: never this project's packages on its path
+            from harness.vllm import server_env
+
+            env.pop("PYTHONPATH", None)
+            env.update(server_env(str(Path(self.log_dir) / f"{self.replica_id}-cache"), self.api_key, self.host))
+        elif self.workdir:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.workdir, env.get("PYTHONPATH")]))
 
         def watchdog() -> None:

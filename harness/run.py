@@ -116,7 +116,8 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
             url = pool.replicas[0].url
             pool.server_info = infos.get(url) or await pool.backend.server_info(http, url)
             pool.incidents = incidents
-            tokenizers[pool.name] = "byte" if not cfg.external or pool.server_info.get("tokenizer") == "byte" \
+            builtin = not cfg.external and cfg.engine == "builtin"
+            tokenizers[pool.name] = "byte" if builtin or pool.server_info.get("tokenizer") == "byte" \
                 else "external"
             reported = pool.server_info.get("mamba_track_interval")
             if pool.role == "candidate" and reported is not None and int(reported) != pool.engine.interval:
@@ -185,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, sessions = resolve(argv)
         backend = backend_of(cfg)
+        if cfg.dry_run and cfg.engine == "vllm":
+            from harness.vllm.start import describe_run
+
+            print(describe_run(cfg, sessions))
+            return EXIT_PASS
         if cfg.dry_run:
             plan, _ = make_plan(cfg, sessions, probe=False, backend=backend)
             print(plan.describe(cfg))
@@ -248,6 +254,10 @@ def execute(cfg: RunConfig, sessions: list, run_dir: Path, run_id: str, backend:
         plan, infos = probed or make_plan(cfg, sessions, probe=True, backend=backend)
         cands, ref = external_pools(plan, cfg.api_key, cfg.recover_timeout, backend)
         return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, infos))
+    if cfg.engine == "vllm":
+        from harness.vllm.start import execute_vllm
+
+        return execute_vllm(cfg, sessions, run_dir, run_id, drive)
     plan = builtin_plan(cfg, sessions)
     pools = RayPools(cfg, plan, run_id)
     try:
