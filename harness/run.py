@@ -153,8 +153,11 @@ def render(run_dir: Path, cfg: RunConfig) -> int:
               file=sys.stderr)
         return EXIT_HARNESS_FAILED
     print(verdict.headline)
-    for line in incident_lines(load_incidents(run_dir)):
+    incidents = load_incidents(run_dir)
+    for line, incident in zip(incident_lines(incidents), incidents, strict=True):
         print(f"incident: {line}")
+        if incident.get("recovered") is False and incident.get("excerpt"):  # why a replica was given up
+            print("  " + "\n  ".join(str(incident["excerpt"]).splitlines()[:12]))
     print(f"report: {run_dir / 'report.html'}")
     return verdict.exit_code
 
