@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.backends import BACKENDS
-from harness.config import ENGINES, PLACEMENTS, ConfigError, RunConfig, flag, kind_of
+from harness.config import PLACEMENTS, ConfigError, RunConfig, flag, kind_of
+from harness.config_target import ENGINES
 
 
 def _int(value):

@@ -12,10 +12,10 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from harness.config_target import validate_target
 from harness.engine_args import COVER_ARGS, EngineArgsError, engine_overrides
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 
-ENGINES = ("builtin", "vllm")
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # ints: comma list; strs: repeatable; cmd: a command line (argv); args: flags (argv, may be empty)
 KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
@@ -23,7 +23,7 @@ KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "intervals", "concurrency", "block_size", "model_path",
                 "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer",
-                "candidate_args", "diagnose", "cover", "engine")
+                "candidate_args", "diagnose", "cover", "engine", "calibrate")
 # Settings a resume never takes from the run directory (a file anyone with write access to it could have
 # edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
 NOT_FROM_RUN_DIR = ("server_command", "address")
@@ -48,6 +48,8 @@ class RunConfig:
                           "OpenAI server from its own venv, see --vllm-python; implies --backend openai)")
     vllm_python: str | None = setting(None, "str", "--engine vllm: the vLLM venv's interpreter (default "
                                       "$SPECGATE_VLLM_PYTHON, else .venv-vllm/bin/python from `make vllm`)")
+    calibrate: bool = setting(False, "bool", "--engine vllm: a `baseline` pool (the reference's flags) sets the drift "
+                              "tolerance and margin threshold from its noise; the report shows the calibration")
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
     num_requests: int | None = setting(None, "int", "requests of the load suite")
     intervals: tuple[int, ...] = setting((128, 256), "ints", "mamba track intervals; one candidate pool each")
@@ -57,8 +59,7 @@ class RunConfig:
     tp_size: int = setting(1, "int", "tensor-parallel ranks per replica")
     block_size: int = setting(8, "int", "DFlash block size B (--speculative-num-draft-tokens)")
     model_path: str = setting("default", "str", "default (bundled weights), random, or a weights directory "
-                              "(--model DIR: with --engine vllm, a model directory from `python -m harness.models "
-                              "build`)")
+                              "(--model DIR: with --engine vllm, one from `python -m harness.models build`)")
     model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)")
     inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
                                        "the reference stays the clean oracle")
@@ -210,56 +211,20 @@ def validate(c: RunConfig) -> None:
     for url in c.endpoint + c.reference_endpoint:
         need(re.match(r"^https?://[^/\s]+", url) is not None,
              f"--endpoint / --reference-endpoint must be http(s)://host:port URLs, got {url!r}")
-    validate_backend(c, need)
+    validate_target(c, need)
     need(not c.reference_endpoint or c.endpoint, "--reference-endpoint needs --endpoint (external candidates)")
     need(not c.endpoint or c.reference_endpoint,
          "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
          "the same model, served without speculation and without radix cache")
-    if c.engine == "vllm":
-        _validate_vllm(c, need)
-    else:
+    if c.engine != "vllm":
         _validate_candidates(c)
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
 
 
-def validate_backend(c: RunConfig, need) -> None:
-    """--backend and --tokenizer."""
-    from harness.backends import BACKENDS
-
-    need(c.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {c.backend!r}")
-    need(c.engine in ENGINES, f"--engine must be one of {', '.join(ENGINES)}, got {c.engine!r}")
-    need(c.backend == "sglang" or c.external or c.engine == "vllm",
-         f"--backend {c.backend} drives already-running servers: give "
-         "--endpoint and --reference-endpoint (built-in replicas speak sglang)")
-    path = c.tokenizer
-    need(path is None or bool(path) and (not path.startswith((".", "/", "~")) and not path.endswith(".json")
-                                         or Path(path).expanduser().exists()),
-         f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
-
-
-def _validate_vllm(c: RunConfig, need) -> None:
-    """--engine vllm: a local model directory, the OpenAI backend, vLLM's own flags in --candidate-args."""
-    from harness.vllm.profile import VLLMArgsError, check_args
-
-    need(not c.external, "--engine vllm starts vLLM replicas under Ray; for already-running servers give "
-         "--endpoint / --reference-endpoint with --backend openai instead")
-    need(c.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {c.backend}")
-    need(Path(c.model_path).expanduser().joinpath("config.json").is_file(),
-         f"--model {c.model_path}: not a model directory with a config.json (build one with "
-         "`python -m harness.models build DIR --arch llama`)")
-    for name in ("inject_fault", "page_size", "cover"):
-        need(not getattr(c, name), f"{flag(name)} applies to the built-in engine, not --engine vllm")
-    need(c.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
-    try:
-        check_args(c.candidate_args)
-    except VLLMArgsError as e:
-        raise ConfigError(f"--candidate-args: {e}") from None
-
-
 def _validate_candidates(c: RunConfig) -> None:
     """--candidate-args, --diagnose and --cover: built-in replicas only, and flags the engine accepts."""
-    for name in ("candidate_args", "diagnose", "cover", "engine"):
+    for name in ("candidate_args", "diagnose", "cover"):
         if getattr(c, name) and c.external:
             raise ConfigError(f"{flag(name)} configures built-in replicas; it does not apply to --endpoint servers")
     if c.cover and c.suite != "frozen":

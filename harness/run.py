@@ -31,7 +31,7 @@ from harness.progress import Progress
 from harness.ray_pools import RayPools
 from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles, load_run
-from records.rundir import create_run_dir, new_run_id, update_latest, write_json
+from records.rundir import create_run_dir, load_config, new_run_id, update_latest, write_json
 from reports.gate import EXIT_HARNESS_FAILED, EXIT_PASS
 from reports.incidents import incident_lines
 from reports.render import render_run
@@ -144,9 +144,16 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
 
 
 def render(run_dir: Path, cfg: RunConfig) -> int:
-    """Tables, plots, report and the gate's verdict; returns the exit status."""
+    """Tables, plots, report and the gate's verdict (with --calibrate, thresholds from the baseline pool);
+    returns the exit status."""
     try:
-        verdict = render_run(run_dir, cfg.gate)
+        gate = cfg.gate
+        if cfg.calibrate:
+            from harness.calibrate import calibrated_gate
+
+            gate = calibrated_gate(run_dir, gate, cfg.drift_tolerance is not None)
+            print(f"calibration: {load_config(run_dir)['calibration']['text']}")
+        verdict = render_run(run_dir, gate)
     except Exception:  # noqa: BLE001 - a report failure must not read as a gate verdict
         traceback.print_exc()
         print(f"specgate: error: rendering the report failed; rebuild it with python -m reports.render {run_dir}",

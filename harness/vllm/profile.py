@@ -133,8 +133,10 @@ def make_pool(name: str, role: str, args: tuple[str, ...]) -> VLLMPool:
     return VLLMPool(name, role, args, spec is not None, caching_of(args), int(drafts) if drafts else None)
 
 
-def pools(candidate_args: tuple[str, ...], diagnose: bool) -> tuple[list[VLLMPool], VLLMPool]:
-    """The candidate pools (`vllm`, with --diagnose also `vllm-spec` and `vllm-cache`) and the reference."""
+def pools(candidate_args: tuple[str, ...], diagnose: bool, calibrate: bool = False
+          ) -> tuple[list[VLLMPool], VLLMPool]:
+    """The candidate pools (`vllm`, with --diagnose also `vllm-spec` and `vllm-cache`, with --calibrate also
+    `baseline`: the reference's flags on a server of its own) and the reference."""
     check_args(candidate_args)
     cands = [make_pool("vllm", "candidate", candidate_args)]
     if diagnose:
@@ -142,6 +144,8 @@ def pools(candidate_args: tuple[str, ...], diagnose: bool) -> tuple[list[VLLMPoo
         cands.append(make_pool("vllm-spec", "candidate", base + (CACHE_OFF,)))
         cands.append(make_pool("vllm-cache", "candidate", without(base, SPEC_FLAG) + (CACHE_ON,)))
     ref_args = without(without(without(candidate_args, SPEC_FLAG), CACHE_ON), CACHE_OFF) + (CACHE_OFF,)
+    if calibrate:
+        cands.append(make_pool("baseline", "candidate", ref_args))
     return cands, make_pool("reference", "reference", ref_args)
 
 
@@ -162,6 +166,24 @@ def server_args(model_dir: str, pool: VLLMPool) -> list[str]:
     """Every flag of a pool's servers but --host/--port (added per replica). Later flags override earlier ones,
     so --candidate-args can change --dtype or --max-model-len."""
     return [*model_args(model_dir), *COMMON, *pool.args]
+
+
+def validate_run(c, need) -> None:
+    """--engine vllm settings (`need(ok, message)` raises the config error): a local model directory, the
+    OpenAI backend, vLLM's own flags in --candidate-args, nothing that only the built-in engine has."""
+    need(not c.external, "--engine vllm starts vLLM replicas under Ray; for already-running servers give "
+         "--endpoint / --reference-endpoint with --backend openai instead")
+    need(c.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {c.backend}")
+    need(Path(c.model_path).expanduser().joinpath("config.json").is_file(),
+         f"--model {c.model_path}: not a model directory with a config.json (build one with "
+         "`python -m harness.models build DIR --arch llama`)")
+    for name in ("inject_fault", "page_size", "cover"):
+        need(not getattr(c, name), f"--{name.replace('_', '-')} applies to the built-in engine, not --engine vllm")
+    need(c.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
+    try:
+        check_args(c.candidate_args)
+    except VLLMArgsError as e:
+        need(False, f"--candidate-args: {e}")
 
 
 def describe(cfg, python: str, cands: list[VLLMPool], ref: VLLMPool, n_sessions: int) -> str:

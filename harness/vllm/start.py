@@ -21,7 +21,7 @@ from harness.vllm.profile import engine_spec, make_pool, pools
 
 def vllm_plan(cfg, sessions: list) -> Plan:
     """Pools of a vLLM run; each candidate pool serves every session (their interval is the server's block)."""
-    cands, ref = pools(cfg.candidate_args, cfg.diagnose)
+    cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
     plans = tuple(PoolPlan(p.name, "candidate", engine_spec(p), cfg.replicas, tuple(sessions)) for p in cands)
     return Plan(plans, PoolPlan(REFERENCE_POOL, "reference", engine_spec(ref), cfg.reference_replicas),
                 cfg.concurrency, 0)
@@ -91,7 +91,7 @@ def describe_run(cfg, sessions: list) -> str:
         python = find_python(cfg.vllm_python)
     except VLLMNotFound as e:
         python = f"<no vLLM interpreter: {e}>"
-    cands, ref = pools(cfg.candidate_args, cfg.diagnose)
+    cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
     return describe(cfg, python, cands, ref, len(sessions))
 
 
