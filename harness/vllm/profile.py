@@ -190,8 +190,9 @@ def describe(cfg, python: str, cands: list[VLLMPool], ref: VLLMPool, n_sessions:
     """The `--dry-run` plan of a vLLM run: pools, commands, environment, what is read from the servers."""
     lines = [f"engine vLLM ({python}), backend openai; model {Path(cfg.model_path).expanduser().resolve()}",
              f"placement: Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one actor per replica",
-             f"suite {cfg.workload}: {n_sessions} sessions per candidate pool and sweep point, concurrency "
-             f"{','.join(map(str, cfg.concurrency))}"]
+             f"suite {cfg.workload}: " + ("sessions around multiples of the block the servers report, derived at "
+                                          "start" if cfg.suite == "vllm-boundary" else f"{n_sessions} sessions")
+             + f" per candidate pool and sweep point, concurrency {','.join(map(str, cfg.concurrency))}"]
     for p in (*cands, ref):
         what = ", ".join([f"speculation {json.dumps(spec_config(p.args))}" if p.speculative else "no speculation",
                           "prefix caching" if p.prefix_caching else "no prefix caching"])

@@ -64,10 +64,26 @@ async def probe_pools(cands: list, ref, backend) -> dict[str, dict]:
     return infos
 
 
-def settled_plan(plan: Plan, cands: list) -> Plan:
-    """The plan with each candidate's engine as its servers reported it."""
+def derived_sessions(cfg, cands: list) -> tuple:
+    """`--suite vllm-boundary`: cases around the largest block the caching candidates report."""
+    from harness.pools import HarnessError
+    from harness.vllm.workload import boundary_sessions
+
+    blocks = [p.engine.interval for p in cands if p.engine.interval]
+    if not blocks:
+        raise HarnessError("--suite vllm-boundary places cases around the prefix-cache block, and no candidate "
+                           "reports one (no prefix caching): use --suite frozen")
+    speculative = [p.engine.block_size for p in cands if p.engine.block_size]
+    sessions = boundary_sessions(cfg.tokenizer or cfg.model_path, max(blocks), max(speculative, default=None))
+    print(f"suite vllm-boundary: {len(sessions)} sessions around multiples of block {max(blocks)}")
+    return tuple(sessions)
+
+
+def settled_plan(plan: Plan, cands: list, sessions: tuple | None = None) -> Plan:
+    """The plan with each candidate's engine as its servers reported it (and, if given, these sessions)."""
     engines = {p.name: p.engine for p in cands}
-    fixed = tuple(PoolPlan(p.name, p.role, engines[p.name], p.replicas, p.sessions) for p in plan.candidates)
+    fixed = tuple(PoolPlan(p.name, p.role, engines[p.name], p.replicas, p.sessions if sessions is None else sessions)
+                  for p in plan.candidates)
     return Plan(fixed, plan.reference, plan.concurrency, plan.skipped_sessions)
 
 
@@ -124,7 +140,38 @@ def execute_vllm(cfg, sessions: list, run_dir, run_id: str, drive):
         except RequestError as e:
             raise HarnessError(str(e)) from None
         print("vLLM servers report:\n" + summary(infos))
-        plan = settled_plan(plan, cands)
-        return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, cfg.resume is not None, infos))
+        derived = derived_sessions(cfg, cands) if cfg.suite == "vllm-boundary" else None
+        plan = settled_plan(plan, cands, derived)
+        progress = asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, cfg.resume is not None, infos))
+        for line in acceptance_lines(run_dir / "server_counters.json"):
+            print(line)
+        return progress
     finally:
         pools_.close()
+
+
+def acceptance_lines(path) -> list[str]:
+    """Per speculating pool: vLLM's draft acceptance over the run, from its /metrics counters."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    lines = []
+    for pool, urls in report.items():
+        delta = {k: sum(e["delta"].get(k, 0.0) for e in urls.values())
+                 for k in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                           "vllm:spec_decode_num_drafts_total", "vllm:prefix_cache_hits_total",
+                           "vllm:prefix_cache_queries_total")}
+        drafted, accepted = delta["vllm:spec_decode_num_draft_tokens_total"], \
+            delta["vllm:spec_decode_num_accepted_tokens_total"]
+        parts = []
+        if drafted:
+            parts.append(f"accept rate {accepted / drafted:.1%} ({accepted:.0f}/{drafted:.0f} draft tokens), "
+                         f"mean accepted length {1 + accepted / max(delta['vllm:spec_decode_num_drafts_total'], 1):.2f}"
+                         " per verify step")
+        if delta["vllm:prefix_cache_queries_total"]:
+            parts.append(f"prefix cache hits {delta['vllm:prefix_cache_hits_total']:.0f}/"
+                         f"{delta['vllm:prefix_cache_queries_total']:.0f} tokens")
+        if parts:
+            lines.append(f"pool {pool} (/metrics): " + "; ".join(parts))
+    return lines
