@@ -16,6 +16,7 @@ is this one node (`bind="loopback"`), the node's address otherwise.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -71,17 +72,25 @@ def log_tail(path: Path) -> str:
     return data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
 
 
+_CARETS = re.compile(r"^(.*\] )?\s*[\^~]+\s*$")  # Python's error-position markers under a traceback line
+_EXCEPTION = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit)\b: ")
+
+
 def crash_excerpt(text: str, lines: int = EXCERPT_LINES) -> str | None:
     """The first lines of the crash in a server log: from its first traceback (or, without one, the first line
-    that says the engine died or failed) on; else the log's last lines. None for an empty log."""
-    rows = text.splitlines()
+    that says the engine died or failed) on; else the log's last lines. None for an empty log. A traceback longer
+    than `lines` keeps its head and the lines up to its exception (vLLM's worker stacks run to 40 lines)."""
+    rows = [r for r in text.splitlines() if not _CARETS.match(r)]
     if not any(r.strip() for r in rows):
         return None
     markers = ("Traceback (most recent call last)", "engine died", "engine loop failed", "Error", "error:")
     for marker in markers:
         start = next((i for i, r in enumerate(rows) if marker in r), None)
         if start is not None:
-            return "\n".join(rows[start:start + lines])
+            end = next((i for i in range(start, len(rows)) if _EXCEPTION.search(rows[i])), start)
+            if end - start < lines:
+                return "\n".join(rows[start:start + lines])
+            return "\n".join(rows[start:start + 4] + ["  ..."] + rows[end - (lines - 6):end + 1])
     return "\n".join(rows[-lines:])
 
 

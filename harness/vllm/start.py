@@ -14,7 +14,7 @@ import json
 
 import aiohttp
 
-from harness.backends import RequestError
+from harness.backends import ReplicaFailure, RequestError
 from harness.plan import REFERENCE_POOL, Plan, PoolPlan
 from harness.vllm.profile import engine_spec, make_pool, pools
 
@@ -31,9 +31,10 @@ def check_reported(name: str, asked, info: dict) -> str | None:
     """Why a server's /metrics contradict what its pool asked for (None when they agree)."""
     from harness.backends.info import speculative
 
-    caching = not info.get("disable_radix_cache", True)
-    if "disable_radix_cache" in info.get("specgate_probe", {}).get("declared", []):
+    declared = info.get("specgate_probe", {}).get("declared", [])
+    if "disable_radix_cache" not in info or "disable_radix_cache" in declared:
         return None  # not reported: nothing to contradict
+    caching = not info["disable_radix_cache"]
     if asked.prefix_caching != caching:
         return (f"pool {name}: asked for prefix caching {'on' if asked.prefix_caching else 'off'}, the server "
                 f"reports it {'on' if caching else 'off'} (vllm:cache_config_info); vLLM overrode the flag for "
@@ -41,6 +42,24 @@ def check_reported(name: str, asked, info: dict) -> str | None:
     if asked.speculative and not speculative(info):
         return f"pool {name}: asked for speculative decoding, the server's /metrics show none"
     return None
+
+
+async def _probe(backend, http, url: str, role: str) -> dict:
+    """backend.probe; a candidate whose probe request fails on the server's side (HTTP 5xx, connection lost:
+    it crashed on its first request) is probed for its settings only and kept, so the run records the crash as
+    the candidate's failure (exit 1), with its log lines, instead of stopping as a harness failure."""
+    try:
+        return await backend.probe(http, url, role)
+    except RequestError as e:
+        if role != "candidate" or not ("HTTP 5" in str(e) or "failed (" in str(e) and "HTTP" not in str(e)):
+            raise
+        print(f"[specgate] candidate {url}: {e}; the run goes on and records what it does")
+        try:
+            info = await backend.probe(http, url, role, generate=False)
+        except (RequestError, ReplicaFailure):
+            info = {"specgate_probe": {"declared": [], "notes": []}}
+        info.setdefault("specgate_probe", {}).setdefault("notes", []).append(f"probe request failed: {e}")
+        return info
 
 
 async def probe_pools(cands: list, ref, backend) -> dict[str, dict]:
@@ -53,7 +72,7 @@ async def probe_pools(cands: list, ref, backend) -> dict[str, dict]:
         for pool in (*cands, ref):
             asked = make_pool(pool.name, pool.role, pool.engine.args)
             for r in pool.replicas:
-                info = await backend.probe(http, r.url, pool.role)
+                info = await _probe(backend, http, r.url, pool.role)
                 problem = check_reported(pool.name, asked, info)
                 if problem:
                     raise RequestError(problem)

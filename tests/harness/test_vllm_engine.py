@@ -128,8 +128,10 @@ def test_vllm_replicas_under_ray_pass_and_log_in_the_run_dir(ray_local, workdir,
 
 
 @pytest.mark.slow
-def test_a_candidate_that_crashes_fails_the_gate_with_its_crash_lines(ray_local, workdir, model_dir, capsys):
-    (model_dir / "fake_vllm.json").write_text('{"crash_at": 2}')
+@pytest.mark.parametrize("crash_at", [1, 2])  # 1: on the probe request, before the run writes any record
+def test_a_candidate_that_crashes_fails_the_gate_with_its_crash_lines(ray_local, workdir, model_dir, capsys,
+                                                                      crash_at):
+    (model_dir / "fake_vllm.json").write_text(json.dumps({"crash_at": crash_at}))
     rc = _run(workdir, model_dir, make_sessions(2), "--run-id", "crash", "--max-replica-restarts", "1")
     out = capsys.readouterr().out
     assert rc == 1  # a finding about the candidate, not a harness failure
