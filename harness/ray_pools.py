@@ -11,6 +11,7 @@ multi-node cluster.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import tempfile
 from dataclasses import asdict
@@ -46,9 +47,10 @@ def _startup_excerpt(err: BaseException) -> str:
     from harness.replica import crash_excerpt
 
     text = str(err)
-    head = next((line.strip() for line in text.splitlines() if "did not become healthy" in line), "")
-    log = text[text.find("log "):] if "log " in text else text
-    return (head + "\n" if head else "") + (crash_excerpt(log) or text)[:3000]
+    heads = re.findall(r"replica [\w.-]+: server did not become healthy[^\n]*", text)
+    head = heads[-1] if heads else ""
+    rest = text[text.find(head) + len(head):] if head else text
+    return (head + "\n" if head else "") + (crash_excerpt(rest) or text)[:3000]
 
 
 class RayPools:

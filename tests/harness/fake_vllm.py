@@ -5,7 +5,8 @@ passes it as `--vllm-python`: the harness then runs
 `<it> -m vllm.entrypoints.openai.api_server --model DIR ... --host H --port P`. The
 vLLM flags are mapped onto tests/harness/vllm_stub.py (prefix caching, speculative
 config -> spec counters in /metrics). A `fake_vllm.json` in the model directory with
-`{"crash_at": N}` makes a server started with a speculative config die at its N-th
+`{"refuse": "why"}` makes a server started with a speculative config exit at start as vLLM refusing a flag
+combination does; `{"crash_at": N}` makes it die at its N-th
 completion with a traceback in its log, as a crashing engine core would (a file, not
 an environment variable: Ray's workers do not see the test's environment). Each server
 writes its vLLM environment variables to `$VLLM_CACHE_ROOT/fake_vllm_env.json`.
@@ -63,7 +64,12 @@ def main() -> None:
     (cache / "fake_vllm_env.json").write_text(json.dumps({k: v for k, v in os.environ.items()
                                                           if k.startswith(("VLLM_", "HF_", "PYTHONPATH"))}))
     behaviour = Path(model or ".") / "fake_vllm.json"
-    crash_at = json.loads(behaviour.read_text()).get("crash_at", 0) if behaviour.is_file() and speculative else 0
+    wanted = json.loads(behaviour.read_text()) if behaviour.is_file() and speculative else {}
+    crash_at = wanted.get("crash_at", 0)
+    if wanted.get("refuse"):  # as vLLM refusing a flag combination at start
+        sys.stderr.write(f"Traceback (most recent call last):\n  File \"arg_utils.py\", line 1\nValueError: "
+                         f"{wanted['refuse']}\n")
+        sys.exit(1)
     sys.path.insert(0, str(REPO))
     from tests.harness import vllm_stub
 

@@ -139,3 +139,13 @@ def test_a_candidate_that_crashes_fails_the_gate_with_its_crash_lines(ray_local,
     summary = (workdir / "runs" / "crash" / "summary.md").read_text()
     assert summary.startswith("# specgate crash: **FAIL**")
     assert "  RuntimeError: fake engine core died in the speculative verify step\n" in summary
+
+
+@pytest.mark.slow
+def test_a_candidate_configuration_vllm_refuses_is_a_harness_error_that_says_why(ray_local, workdir, model_dir,
+                                                                                  capsys):
+    (model_dir / "fake_vllm.json").write_text('{"refuse": "speculative decoding is not supported with this model"}')
+    assert _run(workdir, model_dir, make_sessions(1), "--run-id", "refused") == 2  # nothing could be gated
+    err = capsys.readouterr().err
+    assert "replica vllm-r0: server did not become healthy" in err
+    assert "ValueError: speculative decoding is not supported with this model" in err
