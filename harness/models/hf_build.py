@@ -7,7 +7,8 @@ spec's directory: tokenizer.json + tokenizer_config.json (a byte-level BPE train
 on the held-out text), config.json, model.safetensors (seeded random weights,
 LM head scaled so greedy decoding is not tie-bound), and reference.json (a greedy
 fp32 continuation by transformers of a few held-out prompts: an oracle independent
-of vLLM). It prints one JSON line of what it wrote.
+of vLLM). It prints one JSON line of what it wrote. `hf_build.py continue MODEL_DIR PROMPTS.json` prints
+greedy continuations of other prompts by a built model.
 """
 
 import json
@@ -106,5 +107,20 @@ def main(spec_path: str) -> None:
                       "architectures": cfg.architectures or [type(model).__name__]}))
 
 
+def continue_prompts(model_dir: str, prompts_path: str) -> None:
+    """Greedy fp32 continuations of given prompts (`[{"input_ids": [...], "n": N}, ...]`) by the built model; one
+    JSON list on stdout. What a test compares an engine's answers with."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    prompts = json.loads(Path(prompts_path).read_text())
+    print(json.dumps([greedy(model, p["input_ids"], p["n"]) for p in prompts]))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "continue":  # hf_build.py continue MODEL_DIR PROMPTS.json
+        continue_prompts(sys.argv[2], sys.argv[3])
+    else:  # hf_build.py SPEC.json
+        main(sys.argv[1])
