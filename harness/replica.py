@@ -88,8 +88,10 @@ def crash_excerpt(text: str, lines: int = EXCERPT_LINES) -> str | None:
         start = next((i for i, r in enumerate(rows) if marker in r), None)
         if start is not None:
             end = next((i for i in range(start, len(rows)) if _EXCEPTION.search(rows[i])), start)
-            if end - start < lines:
-                return "\n".join(rows[start:start + lines])
+            if end - start < lines:  # the first traceback, up to where the next one starts
+                stop = next((i for i in range(end, start + lines) if i < len(rows) and "Traceback" in rows[i]),
+                            start + lines)
+                return "\n".join(rows[start:stop])
             return "\n".join(rows[start:start + 4] + ["  ..."] + rows[end - (lines - 6):end + 1])
     return "\n".join(rows[-lines:])
 
