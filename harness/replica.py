@@ -72,14 +72,12 @@ def log_tail(path: Path) -> str:
     return data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
 
 
-_CARETS = re.compile(r"^(.*\] )?\s*[\^~]+\s*$")  # Python's error-position markers under a traceback line
-_EXCEPTION = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit)\b: ")
+_CARETS, _EXCEPTION = re.compile(r"^(.*\] )?\s*[\^~]+\s*$"), re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit)\b: ")
 
 
 def crash_excerpt(text: str, lines: int = EXCERPT_LINES) -> str | None:
-    """The first lines of the crash in a server log: from its first traceback (or, without one, the first line
-    that says the engine died or failed) on; else the log's last lines. None for an empty log. A traceback longer
-    than `lines` keeps its head and the lines up to its exception (vLLM's worker stacks run to 40 lines)."""
+    """The first lines of the crash in a server log: from its first traceback (else the first line saying the engine
+    died or failed), a long one cut to its head and its exception; else the log's last lines; None if empty."""
     rows = [r for r in text.splitlines() if not _CARETS.match(r)]
     if not any(r.strip() for r in rows):
         return None
@@ -89,9 +87,8 @@ def crash_excerpt(text: str, lines: int = EXCERPT_LINES) -> str | None:
         if start is not None:
             end = next((i for i in range(start, len(rows)) if _EXCEPTION.search(rows[i])), start)
             if end - start < lines:  # the first traceback, up to where the next one starts
-                stop = next((i for i in range(end, start + lines) if i < len(rows) and "Traceback" in rows[i]),
-                            start + lines)
-                return "\n".join(rows[start:stop])
+                stop = next((i for i in range(end, min(start + lines, len(rows))) if "Traceback" in rows[i]), None)
+                return "\n".join(rows[start:stop or start + lines])
             return "\n".join(rows[start:start + 4] + ["  ..."] + rows[end - (lines - 6):end + 1])
     return "\n".join(rows[-lines:])
 
@@ -118,7 +115,7 @@ class ReplicaServer:
                  bind: str = "node", recover_timeout: float | None = None, profile: str = "builtin") -> None:
         """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it).
         `bind`: "loopback" (the cluster is this node) or "node" (listen on the node's address).
-        `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`).
+        `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`);
         `profile`: "builtin" (engine.serve) or "vllm" (its environment: harness/vllm/__init__.py)."""
         import ray
 
@@ -175,7 +172,6 @@ class ReplicaServer:
         env[TP_SECRET_ENV] = self.tp_secret
         if self.profile == "vllm":  # its own venv: never this project's packages on its path
             from harness.vllm import server_env
-
             env.pop("PYTHONPATH", None)
             env.update(server_env(str(Path(self.log_dir) / f"{self.replica_id}-cache"), self.api_key, self.host))
         elif self.workdir:
