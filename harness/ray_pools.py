@@ -11,6 +11,7 @@ multi-node cluster.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import tempfile
 from dataclasses import asdict
@@ -41,11 +42,26 @@ def replica_bundles(tp_size: int) -> list[dict]:
     return [{"CPU": 1} for _ in range(tp_size)]
 
 
+def _startup_excerpt(err: BaseException) -> str:
+    """A failed start, short: which replica, and the first lines of its server's error (not Ray's whole trace)."""
+    from harness.replica import crash_excerpt
+
+    text = str(err)
+    heads = re.findall(r"replica [\w.-]+: server did not become healthy[^\n]*", text)
+    head = heads[-1] if heads else ""
+    rest = text[text.find(head) + len(head):] if head else text
+    return (head + "\n" if head else "") + (crash_excerpt(rest) or text)[:3000]
+
+
 class RayPools:
     """Built-in replicas on Ray: connect (or start a local Ray), place, start, and tear down."""
 
-    def __init__(self, cfg: RunConfig, plan: Plan, run_id: str) -> None:
+    def __init__(self, cfg: RunConfig, plan: Plan, run_id: str, log_dir: str | None = None,
+                 backend=None) -> None:
+        """`log_dir`: where replicas write their logs (default a temporary directory of each node);
+        `backend`: how the pools are spoken to (default SGLang's API, the built-in engine's)."""
         self.cfg, self.plan, self.run_id = cfg, plan, run_id
+        self.log_dir, self.backend = log_dir, backend
         self.started_ray = False
         self.actors: list = []
         self.groups: list = []
@@ -93,11 +109,23 @@ class RayPools:
         bind = self.bind()
         print(f"replicas listen on {'127.0.0.1 (single-node Ray)' if bind == 'loopback' else 'their node address'}"
               f", API key {'from --api-key' if self.cfg.api_key else 'drawn for this run'}")
-        log_dir = os.path.join(tempfile.gettempdir(), "specgate", self.run_id)
+        log_dir = self.log_dir or os.path.join(tempfile.gettempdir(), "specgate", self.run_id)
+        vllm = self.cfg.engine == "vllm"
+        command = self.cfg.server_command
+        if vllm:
+            from harness.vllm import ENTRYPOINT, find_python
+
+            command = command or (find_python(self.cfg.vllm_python), *ENTRYPOINT)
         specs = []
         for p in (*self.plan.candidates, self.plan.reference):
-            args = server_args(self.cfg, p.engine)
-            engine_cfg = asdict(engine_config(self.cfg, p.engine))
+            if vllm:
+                from harness.vllm.profile import make_pool
+                from harness.vllm.profile import server_args as vllm_args
+
+                args, engine_cfg = vllm_args(self.cfg.model_path, make_pool(p.name, p.role, p.engine.args)), None
+            else:
+                args = server_args(self.cfg, p.engine)
+                engine_cfg = asdict(engine_config(self.cfg, p.engine))
             for r in range(p.replicas):
                 bundles = replica_bundles(self.cfg.tp_size)
                 kwargs = {}
@@ -116,21 +144,21 @@ class RayPools:
         for _, rid, args, pg, engine_cfg in specs:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
             actor = actor_cls.options(scheduling_strategy=strategy).remote(
-                rid, args, self.cfg.server_command, os.getcwd(), self.cfg.startup_timeout, log_dir, engine_cfg,
-                self.api_key, bind, self.cfg.recover_timeout)
+                rid, args, command, os.getcwd(), self.cfg.startup_timeout, log_dir, engine_cfg,
+                self.api_key, bind, self.cfg.recover_timeout, "vllm" if vllm else "builtin")
             self.actors.append(actor)
         try:
             infos = ray.get([a.info.remote() for a in self.actors], timeout=self.cfg.startup_timeout + 30)
         except ray.exceptions.GetTimeoutError:
             raise HarnessError(f"replicas not healthy within {self.cfg.startup_timeout:g}s") from None
         except ray.exceptions.RayActorError as e:
-            raise HarnessError(f"a replica failed to start: {e}") from None
+            raise HarnessError(f"a replica failed to start: {_startup_excerpt(e)}") from None
         pools: dict[str, Pool] = {}
         for (p, rid, *_), actor, info in zip(specs, self.actors, infos, strict=True):
             pool = pools.get(p.name)
             if pool is None:
                 pool = pools[p.name] = Pool(p.name, p.role, p.engine, [], False, self.cfg.recover_timeout,
-                                            self.api_key)
+                                            self.api_key, self.backend)
             pool.replicas.append(Replica(rid, info["url"], info["node_id"], actor, log=info["log"]))
         cands = [pools[p.name] for p in self.plan.candidates]
         return cands, pools[self.plan.reference.name]

@@ -16,6 +16,7 @@ is this one node (`bind="loopback"`), the node's address otherwise.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -71,17 +72,24 @@ def log_tail(path: Path) -> str:
     return data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
 
 
+_CARETS, _EXCEPTION = re.compile(r"^(.*\] )?\s*[\^~]+\s*$"), re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit)\b: ")
+
+
 def crash_excerpt(text: str, lines: int = EXCERPT_LINES) -> str | None:
-    """The first lines of the crash in a server log: from its first traceback (or, without one, the first line
-    that says the engine died or failed) on; else the log's last lines. None for an empty log."""
-    rows = text.splitlines()
+    """The first lines of the crash in a server log: from its first traceback (else the first line saying the engine
+    died or failed), a long one cut to its head and its exception; else the log's last lines; None if empty."""
+    rows = [r for r in text.splitlines() if not _CARETS.match(r)]
     if not any(r.strip() for r in rows):
         return None
     markers = ("Traceback (most recent call last)", "engine died", "engine loop failed", "Error", "error:")
     for marker in markers:
         start = next((i for i, r in enumerate(rows) if marker in r), None)
         if start is not None:
-            return "\n".join(rows[start:start + lines])
+            end = next((i for i in range(start, len(rows)) if _EXCEPTION.search(rows[i])), start)
+            if end - start < lines:  # the first traceback, up to where the next one starts
+                stop = next((i for i in range(end, min(start + lines, len(rows))) if "Traceback" in rows[i]), None)
+                return "\n".join(rows[start:stop or start + lines])
+            return "\n".join(rows[start:start + 4] + ["  ..."] + rows[end - (lines - 6):end + 1])
     return "\n".join(rows[-lines:])
 
 
@@ -104,14 +112,16 @@ class ReplicaServer:
 
     def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
                  startup_timeout: float, log_dir: str, engine_cfg: dict | None = None, api_key: str | None = None,
-                 bind: str = "node", recover_timeout: float | None = None) -> None:
+                 bind: str = "node", recover_timeout: float | None = None, profile: str = "builtin") -> None:
         """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it).
         `bind`: "loopback" (the cluster is this node) or "node" (listen on the node's address).
-        `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`)."""
+        `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`);
+        `profile`: "builtin" (engine.serve) or "vllm" (its environment: harness/vllm/__init__.py)."""
         import ray
 
         ctx = ray.get_runtime_context()
         self.replica_id = replica_id
+        self.profile, self.log_dir = profile, log_dir
         self.node_id = ctx.get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.host = "127.0.0.1" if bind == "loopback" else self.node_ip
@@ -160,7 +170,11 @@ class ReplicaServer:
         if self.api_key:
             env[API_KEY_ENV] = self.api_key
         env[TP_SECRET_ENV] = self.tp_secret
-        if self.workdir:
+        if self.profile == "vllm":  # its own venv: never this project's packages on its path
+            from harness.vllm import server_env
+            env.pop("PYTHONPATH", None)
+            env.update(server_env(str(Path(self.log_dir) / f"{self.replica_id}-cache"), self.api_key, self.host))
+        elif self.workdir:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.workdir, env.get("PYTHONPATH")]))
 
         def watchdog() -> None:

@@ -33,12 +33,18 @@ from harness.workload import describe as describe_workload
 from harness.workload import load_sessions, target_of
 from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles, load_run
-from records.rundir import create_run_dir, new_run_id, update_latest, write_json
+from records.rundir import create_run_dir, load_config, new_run_id, update_latest, write_json
 from reports.gate import EXIT_HARNESS_FAILED, EXIT_PASS
 from reports.incidents import incident_lines
 from reports.render import render_run
 
 EXIT_INTERRUPTED = 130  # Ctrl-C; the run can be finished with --resume
+
+
+def vllm_sessions(cfg: RunConfig) -> list:
+    """The sessions of an --engine vllm run, in the model's own tokenizer (none for --suite vllm-boundary: those
+    are derived from each server's reported block once it is up, harness/vllm/workload.py)."""
+    return load_sessions(cfg, target_of(cfg, {}))[0]
 
 
 def backend_of(cfg: RunConfig) -> Backend:
@@ -140,17 +146,27 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
 
 
 def render(run_dir: Path, cfg: RunConfig) -> int:
-    """Tables, plots, report and the gate's verdict; returns the exit status."""
+    """Tables, plots, report and the gate's verdict (with --calibrate, thresholds from the baseline pool);
+    returns the exit status."""
     try:
-        verdict = render_run(run_dir, cfg.gate)
+        gate = cfg.gate
+        if cfg.calibrate:
+            from harness.calibrate import calibrated_gate
+
+            gate = calibrated_gate(run_dir, gate, cfg.drift_tolerance is not None)
+            print(f"calibration: {load_config(run_dir)['calibration']['text']}")
+        verdict = render_run(run_dir, gate)
     except Exception:  # noqa: BLE001 - a report failure must not read as a gate verdict
         traceback.print_exc()
         print(f"specgate: error: rendering the report failed; rebuild it with python -m reports.render {run_dir}",
               file=sys.stderr)
         return EXIT_HARNESS_FAILED
     print(verdict.headline)
-    for line in incident_lines(load_incidents(run_dir)):
+    incidents = load_incidents(run_dir)
+    for line, incident in zip(incident_lines(incidents), incidents, strict=True):
         print(f"incident: {line}")
+        if incident.get("recovered") is False and incident.get("excerpt"):  # why a replica was given up
+            print("  " + "\n  ".join(str(incident["excerpt"]).splitlines()[:12]))
     print(f"report: {run_dir / 'report.html'}")
     return verdict.exit_code
 
@@ -177,13 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resolve(argv)
         backend = backend_of(cfg)
+        if cfg.engine == "vllm" and not cfg.external:
+            sessions = vllm_sessions(cfg)  # a bad workload fails before anything is written
+            if cfg.dry_run:
+                from harness.vllm.start import describe_run
+
+                print(describe_run(cfg, sessions))
+                return EXIT_PASS
         if cfg.dry_run:
             plan, _ = make_plan(cfg, None, probe=False, backend=backend)
             print(plan.describe(cfg))
             return EXIT_PASS
         # probe external endpoints before anything is written: a failed probe leaves runs/ and runs/latest alone;
         # a bad workload fails here too
-        probed = make_plan(cfg, None, probe=cfg.external, backend=backend)
+        probed = None if cfg.engine == "vllm" and not cfg.external else \
+            make_plan(cfg, None, probe=cfg.external, backend=backend)
     except (ConfigError, HarnessError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
@@ -203,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_HARNESS_FAILED
     try:
         print(f"run directory: {run_dir}")
-        if probed[0].skipped_sessions:
+        if probed is not None and probed[0].skipped_sessions:
             print(f"note: {probed[0].skipped_sessions} session(s) target an interval with no pool; they are skipped")
         progress = execute(cfg, run_dir, run_id=run_dir.name, backend=backend, probed=probed)
     except KeyboardInterrupt:
@@ -235,6 +259,10 @@ def execute(cfg: RunConfig, run_dir: Path, run_id: str, backend: Backend | None 
     """
     resumed = cfg.resume is not None
     backend = backend or backend_of(cfg)
+    if cfg.engine == "vllm" and not cfg.external:
+        from harness.vllm.start import execute_vllm
+
+        return execute_vllm(cfg, vllm_sessions(cfg), run_dir, run_id, drive)
     plan, infos = probed or make_plan(cfg, None, probe=cfg.external, backend=backend)
     if cfg.external:
         cands, ref = external_pools(plan, cfg.api_key, cfg.recover_timeout, backend)

@@ -44,6 +44,10 @@ def tokenizer_spec(cfg: RunConfig, infos: dict[str, dict]) -> tuple[str | None, 
     """(the tokenizer to load, where that came from); (None, why) when an external target's is unknown."""
     if cfg.tokenizer:
         return cfg.tokenizer, "--tokenizer"
+    if not cfg.external and cfg.engine == "vllm":
+        if (Path(cfg.model_path).expanduser() / "tokenizer.json").exists():
+            return cfg.model_path, "--model (the vLLM model directory)"
+        return None, f"--model {cfg.model_path} holds no tokenizer.json"
     if not cfg.external:
         return "byte", "the built-in engine"
     specs = {}
@@ -84,7 +88,7 @@ def target_of(cfg: RunConfig, infos: dict[str, dict]) -> Target:
     spec, source = tokenizer_spec(cfg, infos)
     tokenizer = load_target_tokenizer(spec) if spec is not None else None
     if not cfg.external:
-        if tokenizer is not None and tokenizer.name != "byte":
+        if tokenizer is not None and tokenizer.name != "byte" and cfg.engine == "builtin":
             raise ConfigError(f"--tokenizer {cfg.tokenizer}: built-in replicas run the byte tokenizer; --tokenizer "
                               "is for --endpoint servers")
         from workloads.schema import CONTEXT_TOKENS
@@ -106,6 +110,8 @@ def load_sessions(cfg: RunConfig, target: Target) -> tuple[list, int]:
     from workloads.schema import WorkloadError
 
     flag = "--cover" if cfg.cover else f"--suite {cfg.suite}"
+    if cfg.engine == "vllm" and cfg.suite == "vllm-boundary":
+        return [], 0  # built per server from the block it reports, once it is up (harness/vllm/workload.py)
     if target.tokenizer is None and cfg.workload in GENERATED:
         raise ConfigError(f"{flag}: its prompts are text cut to exact lengths in the target's tokenizer, and "
                           f"{target.tokenizer_source}: pass --tokenizer (the served model's tokenizer.json or its "

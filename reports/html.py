@@ -6,6 +6,7 @@ shared pieces (style, escaping, tables) in reports/html_base.py.
 
 from __future__ import annotations
 
+import html
 from pathlib import Path
 
 from reports.html_base import CSS, esc, plot_img
@@ -43,6 +44,8 @@ def render_html(results: RunResults) -> str:
     if r.warnings:
         parts.append('<div class="warn">' + "<br>".join(esc(w) for w in r.warnings) + "</div>")
     parts.append(incidents_html(r.config, r.records))
+    if (r.config.get("calibration") or {}).get("text"):  # harness/calibrate.py: thresholds from a clean baseline
+        parts.append(f"<h2>Calibration</h2><p>{html.escape(r.config['calibration']['text'])}.</p>")
     parts += [floor_section(r.floor, _plot(r, "drift_floor")), boundaries_section(r.boundaries),
               coverage_section(r.coverage, _plot(r, "coverage")), sweep_section(r.configs), "<h2>Plots</h2>"]
     for name, path in r.plots.items():

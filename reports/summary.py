@@ -36,6 +36,8 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
               f"{100 * t.max_soft_rate:.1f}% of requests; drift = same tokens, log-prob drift > "
               f"{t.drift_tolerance:g}; soft = reference top-1/top-2 margin < {t.margin_threshold:g}, no drift "
               "before or at it.", ""]
+    if (config.get("calibration") or {}).get("text"):
+        lines += [f"Calibration: {config['calibration']['text']}.", ""]
     lines += ["| requests | exact | drift | soft | hard | errors |", "|---|---|---|---|---|---|",
               f"| {verdict.requests} | {verdict.exact} | {verdict.drift} | {verdict.soft} | {verdict.hard} | "
               f"{verdict.errors} |", ""]

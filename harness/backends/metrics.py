@@ -77,8 +77,14 @@ def vllm_settings(samples) -> tuple[dict, list[str]]:
     if cache is not None:
         info["disable_radix_cache"] = cache.get("enable_prefix_caching") != "True"
         mode = cache.get("mamba_cache_mode")
-        interval = _int(cache.get("mamba_block_size")) if mode not in (None, "none", "None") else None
-        interval = interval or (_int(cache.get("block_size")) if not info["disable_radix_cache"] else None)
+        # Where hits land: vLLM's resolved alignment when it reports one, else the (attention) block, which align
+        # mode raises so one page holds a state page. Not mamba_block_size: measured on vLLM 0.32 (CPU, Qwen3-Next,
+        # block_size 256, mamba_block_size 16), cached_tokens come in multiples of 256.
+        interval = None
+        if not info["disable_radix_cache"]:
+            interval = next((_int(cache.get(k)) for k in ("cache_hit_alignment_tokens", "prefix_match_unit",
+                                                          "block_size", "mamba_block_size")
+                             if _int(cache.get(k))), None)
         if interval:
             info["mamba_track_interval"] = interval
             notes.append(f"interval {interval} from vllm:cache_config_info (the prefix cache's block granularity"

@@ -85,7 +85,8 @@ class OpenAIBackend(Backend):
 
         try:
             info, path = await fetch_server_info(http, url, self.api_key)
-            return info, path, [f"settings from {path}"]
+            if "vllm_config" not in info:  # vLLM's dev-mode /server_info is its config text: read /metrics
+                return info, path, [f"settings from {path}"]
         except (RequestError, ReplicaFailure):
             pass
         info, notes = vllm_settings(await fetch_samples(http, url, self.headers()))

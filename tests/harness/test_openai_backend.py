@@ -51,6 +51,14 @@ def test_vllm_metrics_give_settings_and_counters():
                                               'enable_prefix_caching="False"} 1.0\n'))
     assert plain == {"speculative_algorithm": "NONE", "disable_radix_cache": True}
     assert vllm_settings(parse_prometheus("specgate_requests_total 3.0\n")) == ({}, [])
+    # measured on vLLM 0.32 CPU, Qwen3-Next: hits land on block_size (256), not mamba_block_size (16)
+    qwen, _ = vllm_settings(parse_prometheus('vllm:cache_config_info{block_size="256",cache_hit_alignment_tokens='
+                                             '"None",enable_prefix_caching="True",mamba_block_size="16",'
+                                             'mamba_cache_mode="align",prefix_match_unit="None"} 1.0\n'))
+    assert qwen["mamba_track_interval"] == 256
+    aligned, _ = vllm_settings(parse_prometheus('vllm:cache_config_info{block_size="256",cache_hit_alignment_tokens='
+                                                '"64",enable_prefix_caching="True"} 1.0\n'))
+    assert aligned["mamba_track_interval"] == 64
 
 
 def test_streamed_answer_accumulates_deltas():

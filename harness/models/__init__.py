@@ -1,0 +1,20 @@
+"""Tiny models built locally for real engines (vLLM): a BPE tokenizer, a config, seeded random weights.
+
+`python -m harness.models build DIR --arch {llama,qwen3_next,mamba2}` trains a
+byte-level BPE on the held-out text with `tokenizers`, writes the architecture's
+config and seeded random weights (LM head scaled so greedy decoding is not
+tie-bound) with `transformers`, and a greedy fp32 continuation by transformers of
+a few held-out prompts (`reference.json`), an oracle independent of the engine.
+Nothing is downloaded. transformers is not a dependency of the project: the
+build runs `hf_build.py` under the vLLM interpreter (`make vllm`).
+"""
+
+from __future__ import annotations
+
+# arch -> vLLM flags the model needs on this machine (shared/reference/vllm-cpu.md)
+ARCHS = {
+    "llama": ("--dtype", "float32"),
+    "qwen3_next": ("--dtype", "bfloat16"),  # vLLM's CPU Gated DeltaNet kernel requires bf16
+    "mamba2": ("--dtype", "float32"),
+}
+MODEL_CARD = "specgate_model.json"  # what was built and the vLLM flags it needs

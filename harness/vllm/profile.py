@@ -1,0 +1,219 @@
+"""The vLLM engine profile: pools, their server flags, and the plan `--dry-run` shows.
+
+One candidate pool runs `--candidate-args` verbatim (vLLM's own flags, e.g.
+`--speculative-config '{...}' --enable-prefix-caching`); `--diagnose` adds a
+speculation-only pool (prefix caching off) and a cache-only pool (no speculative
+config) derived from the same flags. The reference pool runs the same model
+with neither. What each server really runs (its prefix-cache block, whether it
+speculates, with how many draft tokens) is read from its /metrics once it is up,
+not assumed from the flags (harness/vllm/start.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.models import MODEL_CARD
+
+SERVED_NAME = "specgate-target"
+# flags the harness sets itself (per replica or per pool), with the harness flag to use instead
+RESERVED = {"--host": None, "--port": None, "--model": "--model", "--served-model-name": None,
+            "--api-key": "--api-key", "--tensor-parallel-size": "--tp-size (1 only for vLLM)", "-tp": None}
+SPEC_FLAG = "--speculative-config"
+CACHE_ON, CACHE_OFF = "--enable-prefix-caching", "--no-enable-prefix-caching"
+# what every server of a run is started with (on top of the model card's flags, e.g. --dtype)
+COMMON = ("--seed", "0", "--max-model-len", "2048", "--enforce-eager", "--enable-prompt-tokens-details",
+          "--return-tokens-as-token-ids")
+
+
+class VLLMArgsError(ValueError):
+    """A flag of --candidate-args cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class VLLMPool:
+    """One pool's server flags and what they ask for (the server's /metrics has the last word)."""
+
+    name: str
+    role: str
+    args: tuple[str, ...]  # pool flags (after COMMON and the model card's)
+    speculative: bool
+    prefix_caching: bool
+    draft_tokens: int | None
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def _lenient_json(raw: str):
+    """JSON, or JSON whose quotes a shell ate (`{method:ngram,num_speculative_tokens:4}`): keys and bare words
+    quoted again (numbers, true, false and null stay as they are)."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        pass
+    word = r"[A-Za-z_][A-Za-z0-9_.\-]*"
+    fixed = re.sub(rf"([{{,]\s*)({word})\s*:", r'\1"\2":', raw)
+    fixed = re.sub(rf":\s*({word})\s*(?=[,}}])",
+                   lambda m: ":" + (m.group(1) if m.group(1) in ("true", "false", "null") else f'"{m.group(1)}"'),
+                   fixed)
+    return json.loads(fixed)
+
+
+def normalized(args: tuple[str, ...]) -> tuple[str, ...]:
+    """`args` with the --speculative-config value as strict JSON (what vLLM parses)."""
+    spec = spec_config(args)
+    if spec is None:
+        return tuple(args)
+    return without(args, SPEC_FLAG) + (SPEC_FLAG, json.dumps(spec, separators=(",", ":")))
+
+
+def spec_config(args: tuple[str, ...]) -> dict | None:
+    """The --speculative-config JSON in `args` (None without one); VLLMArgsError when it is not JSON."""
+    for i, a in enumerate(args):
+        if _flag_name(a) == SPEC_FLAG:
+            raw = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+            try:
+                value = _lenient_json(raw)
+            except ValueError:
+                raise VLLMArgsError(f"{SPEC_FLAG} must be a JSON object, got {raw!r} (quote it for the shell: "
+                                    f"--candidate-args \"{SPEC_FLAG} '{{...}}'\")") from None
+            if not isinstance(value, dict):
+                raise VLLMArgsError(f"{SPEC_FLAG} must be a JSON object, got {raw!r}")
+            return value
+    return None
+
+
+def caching_of(args: tuple[str, ...]) -> bool:
+    """Whether the flags ask for prefix caching (vLLM's default is on; the last of on/off wins)."""
+    state = True
+    for a in args:
+        if a == CACHE_ON:
+            state = True
+        elif a == CACHE_OFF:
+            state = False
+    return state
+
+
+def check_args(args: tuple[str, ...]) -> None:
+    """VLLMArgsError naming the first flag the harness reserves, or a malformed --speculative-config."""
+    for a in args:
+        name = _flag_name(a)
+        if name in RESERVED:
+            instead = RESERVED[name]
+            raise VLLMArgsError(f"{name} is set by the harness for every replica"
+                                + (f"; use the harness flag {instead}" if instead else ""))
+    spec_config(args)
+
+
+def without(args: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    """`args` without `flag` (and its value when given as a separate word)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+            continue
+        if _flag_name(a) == flag:
+            skip = "=" not in a and flag == SPEC_FLAG
+            continue
+        out.append(a)
+    return tuple(out)
+
+
+def make_pool(name: str, role: str, args: tuple[str, ...]) -> VLLMPool:
+    """A pool running `args` (the --speculative-config made strict JSON)."""
+    args = normalized(args)
+    spec = spec_config(args)
+    drafts = spec.get("num_speculative_tokens") if spec else None
+    return VLLMPool(name, role, args, spec is not None, caching_of(args), int(drafts) if drafts else None)
+
+
+def pools(candidate_args: tuple[str, ...], diagnose: bool, calibrate: bool = False
+          ) -> tuple[list[VLLMPool], VLLMPool]:
+    """The candidate pools (`vllm`, with --diagnose also `vllm-spec` and `vllm-cache`, with --calibrate also
+    `baseline`: the reference's flags on a server of its own) and the reference."""
+    check_args(candidate_args)
+    cands = [make_pool("vllm", "candidate", candidate_args)]
+    if diagnose:
+        base = without(without(candidate_args, CACHE_ON), CACHE_OFF)
+        cands.append(make_pool("vllm-spec", "candidate", base + (CACHE_OFF,)))
+        cands.append(make_pool("vllm-cache", "candidate", without(base, SPEC_FLAG) + (CACHE_ON,)))
+    ref_args = without(without(without(candidate_args, SPEC_FLAG), CACHE_ON), CACHE_OFF) + (CACHE_OFF,)
+    if calibrate:
+        cands.append(make_pool("baseline", "candidate", ref_args))
+    return cands, make_pool("reference", "reference", ref_args)
+
+
+def model_args(model_dir: str) -> tuple[str, ...]:
+    """The model's own flags: --model, --served-model-name and those its model card asks for (e.g. --dtype)."""
+    path = Path(model_dir).expanduser().resolve()
+    card = path / MODEL_CARD
+    extra: tuple[str, ...] = ()
+    if card.is_file():
+        try:
+            extra = tuple(json.loads(card.read_text()).get("vllm_args") or ())
+        except ValueError:
+            extra = ()
+    return ("--model", str(path), "--served-model-name", SERVED_NAME, *extra)
+
+
+def server_args(model_dir: str, pool: VLLMPool) -> list[str]:
+    """Every flag of a pool's servers but --host/--port (added per replica). Later flags override earlier ones,
+    so --candidate-args can change --dtype or --max-model-len."""
+    return [*model_args(model_dir), *COMMON, *pool.args]
+
+
+def validate_run(c, need) -> None:
+    """--engine vllm settings (`need(ok, message)` raises the config error): a local model directory, the
+    OpenAI backend, vLLM's own flags in --candidate-args, nothing that only the built-in engine has."""
+    need(not c.external, "--engine vllm starts vLLM replicas under Ray; for already-running servers give "
+         "--endpoint / --reference-endpoint with --backend openai instead")
+    need(c.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {c.backend}")
+    need(Path(c.model_path).expanduser().joinpath("config.json").is_file(),
+         f"--model {c.model_path}: not a model directory with a config.json (build one with "
+         "`python -m harness.models build DIR --arch llama`)")
+    for name in ("inject_fault", "page_size", "cover"):
+        need(not getattr(c, name), f"--{name.replace('_', '-')} applies to the built-in engine, not --engine vllm")
+    need(c.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
+    try:
+        check_args(c.candidate_args)
+    except VLLMArgsError as e:
+        need(False, f"--candidate-args: {e}")
+
+
+def describe(cfg, python: str, cands: list[VLLMPool], ref: VLLMPool, n_sessions: int) -> str:
+    """The `--dry-run` plan of a vLLM run: pools, commands, environment, what is read from the servers."""
+    lines = [f"engine vLLM ({python}), backend openai; model {Path(cfg.model_path).expanduser().resolve()}",
+             f"placement: Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one actor per replica",
+             f"suite {cfg.workload}: " + ("sessions around multiples of the block the servers report, derived at "
+                                          "start" if cfg.suite == "vllm-boundary" else f"{n_sessions} sessions")
+             + f" per candidate pool and sweep point, concurrency {','.join(map(str, cfg.concurrency))}"]
+    for p in (*cands, ref):
+        what = ", ".join([f"speculation {json.dumps(spec_config(p.args))}" if p.speculative else "no speculation",
+                          "prefix caching" if p.prefix_caching else "no prefix caching"])
+        replicas = cfg.reference_replicas if p.role == "reference" else cfg.replicas
+        lines.append(f"pool {p.name} ({p.role}): {replicas} replica(s), {what}")
+        lines.append("  server: " + shlex.join([python, "-m", "vllm.entrypoints.openai.api_server",
+                                                *server_args(cfg.model_path, p), "--host", "HOST", "--port",
+                                                "PORT"]))
+    lines.append("  environment: VLLM_HOST_IP=<replica address> VLLM_CACHE_ROOT=<run>/logs/<replica>-cache "
+                 "VLLM_CPU_KVCACHE_SPACE=1 VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=<run key> HF_HUB_OFFLINE=1 ...")
+    lines.append("at start: each server's block size, prefix caching and draft tokens are read from its /metrics "
+                 "(vllm:cache_config_info); the checkpoint interval of a caching candidate is its block")
+    return "\n".join(lines)
+
+
+def engine_spec(pool: VLLMPool, interval: int | None = None):
+    """The EngineSpec of a pool (records' `engine`): block size = draft tokens + 1 (the verify width)."""
+    from harness.plan import EngineSpec
+
+    return EngineSpec(interval if pool.prefix_caching else None,
+                      pool.draft_tokens + 1 if pool.draft_tokens else None,
+                      "vllm-prefix-cache" if pool.prefix_caching else None, 1, None, pool.speculative,
+                      pool.prefix_caching, pool.args)
+
