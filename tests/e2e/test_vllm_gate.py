@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol.hf_tokenizer import load_tokenizer
 from workloads import load_suite
 from workloads.schema import dumps_jsonl
 
@@ -52,7 +53,7 @@ def test_vllm_llama_with_ngram_speculation_and_prefix_caching_passes(vllm_python
     assert build.returncode == 0, build.stderr[-3000:]
     card = json.loads((model / "specgate_model.json").read_text())
     assert card["vllm_args"] == ["--dtype", "float32"] and card["architectures"] == ["LlamaForCausalLM"]
-    frozen = load_suite("frozen")[:6]
+    frozen = load_suite("frozen", tokenizer=load_tokenizer(str(model)))[:6]  # the model's own tokens
     suite = tmp_path / "suite.jsonl"
     suite.write_text(dumps_jsonl(frozen))
     cmd = [sys.executable, "-m", "harness.run", "--engine", "vllm", "--model", str(model), "--vllm-python",
