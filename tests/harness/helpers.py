@@ -71,6 +71,17 @@ def pool(name: str, urls: list[str], engine: EngineSpec, role: str = "candidate"
                 recover_timeout=recover, api_key=api_key)
 
 
+def frozen_subset(path: Path, session_ids) -> str:
+    """Write the committed frozen suite's sessions `session_ids` (all must exist) to `path`; its path."""
+    from workloads.corpus import DATA_DIR
+
+    lines = [ln for ln in (DATA_DIR / "frozen.jsonl").read_text().splitlines()
+             if json.loads(ln)["session_id"] in session_ids]
+    assert len(lines) == len(session_ids)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 def read_lines(run_dir: Path) -> list[dict]:
     """Every complete record line of a run directory (duplicates kept, to be counted)."""
     out = []

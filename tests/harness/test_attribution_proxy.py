@@ -23,7 +23,7 @@ from aiohttp import web
 from harness.replica import free_port
 from harness.run import main
 from tests.engine.server.client import Server
-from workloads.corpus import DATA_DIR
+from tests.harness.helpers import frozen_subset
 
 pytestmark = pytest.mark.slow
 INTERVAL = 128
@@ -115,17 +115,10 @@ def engines(tmp_path_factory):
     ref.stop()
 
 
-def frozen_subset(path) -> str:
-    lines = [ln for ln in (DATA_DIR / "frozen.jsonl").read_text().splitlines()
-             if json.loads(ln)["session_id"] in SESSIONS]
-    assert len(lines) == len(SESSIONS)
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
 
 def test_stale_seq_lens_behind_a_spec_trace_stripping_proxy_is_attributed_by_position(engines, tmp_path, capsys):
     cand, proxy, ref = engines
-    suite = frozen_subset(tmp_path / "subset.jsonl")
+    suite = frozen_subset(tmp_path / "subset.jsonl", SESSIONS)
     common = ["--suite", suite, "--reference-endpoint", ref, "--concurrency", "1", "--runs-dir",
               str(tmp_path / "runs"), "--no-progress", "--request-timeout", "120",
               "--drift-tolerance", "1e-3",  # the tiny random model's floor is ~2e-4 (tests/reports)

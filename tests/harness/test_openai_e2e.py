@@ -12,8 +12,7 @@ import pytest
 
 from harness.run import main
 from tests.engine.server.client import Server
-from tests.harness.helpers import read_lines
-from workloads.corpus import DATA_DIR
+from tests.harness.helpers import frozen_subset, read_lines
 
 pytestmark = pytest.mark.slow
 SESSIONS = ("frozen-i128-k1-m8", "frozen-i128-k1-m3", "frozen-i128-k1-m1", "frozen-i128-ctrl1")
@@ -29,17 +28,10 @@ def engines(tmp_path_factory):
     ref.stop()
 
 
-def frozen_subset(path) -> str:
-    lines = [ln for ln in (DATA_DIR / "frozen.jsonl").read_text().splitlines()
-             if json.loads(ln)["session_id"] in SESSIONS]
-    assert len(lines) == len(SESSIONS)
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
 
 def test_openai_backend_runs_the_frozen_suite_to_a_verdict(engines, tmp_path, capsys):
     cand, ref = engines
-    suite = frozen_subset(tmp_path / "frozen-subset.jsonl")
+    suite = frozen_subset(tmp_path / "frozen-subset.jsonl", SESSIONS)
     common = ["--suite", suite, "--endpoint", cand, "--reference-endpoint", ref, "--concurrency", "1,2",
               "--runs-dir", str(tmp_path / "runs"), "--no-progress", "--request-timeout", "120",
               "--max-soft-rate", "1"]  # random weights: low-margin numeric flips are allowed, hard ones not
