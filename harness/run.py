@@ -41,10 +41,13 @@ from reports.render import render_run
 EXIT_INTERRUPTED = 130  # Ctrl-C; the run can be finished with --resume
 
 
-def vllm_sessions(cfg: RunConfig) -> list:
-    """The sessions of an --engine vllm run, in the model's own tokenizer (none for --suite vllm-boundary: those
-    are derived from each server's reported block once it is up, harness/vllm/workload.py)."""
-    return load_sessions(cfg, target_of(cfg, {}))[0]
+def vllm_workload(cfg: RunConfig) -> tuple[list, str, object]:
+    """An --engine vllm run's (sessions, the plan's workload line, tokenizer), in the --model directory's tokenizer
+    (no sessions for --suite vllm-boundary: derived from each server's reported block once it is up,
+    harness/vllm/workload.py)."""
+    target = target_of(cfg, {})
+    sessions, left_out = load_sessions(cfg, target)
+    return sessions, describe_workload(cfg, target, left_out), target.tokenizer
 
 
 def backend_of(cfg: RunConfig) -> Backend:
@@ -88,6 +91,12 @@ def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: 
     """config.json: the RunConfig, run id, engine settings per pool, gate thresholds."""
     path = run_dir / "config.json"
     old = json.loads(path.read_text()) if path.exists() else {}
+    was, now = old.get("plan") or {}, (plan.workload, plan.tokenizer.name if plan.tokenizer is not None else None)
+    if resumed and was and (was.get("workload"), was.get("tokenizer")) != now:
+        # the same session ids with other prompts would mix two workloads in one run (records are keyed by id)
+        raise HarnessError(f"--resume: the servers now make a different workload ({now[0]}; tokenizer {now[1]}) "
+                           f"than the run was started with ({was.get('workload')}; tokenizer "
+                           f"{was.get('tokenizer')}): start a new run")
     doc = {
         "run_id": run_id,
         "created": old.get("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
@@ -192,14 +201,15 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI entry point; returns the exit status."""
     try:
         cfg = resolve(argv)
-        backend = backend_of(cfg)
+        vllm_work = None
         if cfg.engine == "vllm" and not cfg.external:
-            sessions = vllm_sessions(cfg)  # a bad workload fails before anything is written
+            vllm_work = vllm_workload(cfg)  # a bad workload fails before anything is written
             if cfg.dry_run:
                 from harness.vllm.start import describe_run
 
-                print(describe_run(cfg, sessions))
+                print(describe_run(cfg, *vllm_work[:2]))
                 return EXIT_PASS
+        backend = backend_of(cfg)
         if cfg.dry_run:
             plan, _ = make_plan(cfg, None, probe=False, backend=backend)
             print(plan.describe(cfg))
@@ -229,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run directory: {run_dir}")
         if probed is not None and probed[0].skipped_sessions:
             print(f"note: {probed[0].skipped_sessions} session(s) target an interval with no pool; they are skipped")
-        progress = execute(cfg, run_dir, run_id=run_dir.name, backend=backend, probed=probed)
+        progress = execute(cfg, run_dir, run_id=run_dir.name, backend=backend, probed=probed, vllm_work=vllm_work)
     except KeyboardInterrupt:
         if run_dir is not None:
             print(f"\ninterrupted; records so far are kept. Finish with: python -m harness.run --resume {run_dir}",
@@ -251,18 +261,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def execute(cfg: RunConfig, run_dir: Path, run_id: str, backend: Backend | None = None,
-            probed: tuple[Plan, dict[str, dict]] | None = None) -> Progress:
+            probed: tuple[Plan, dict[str, dict]] | None = None, vllm_work: tuple | None = None) -> Progress:
     """Start the pools (Ray replicas or external endpoints), drive, and tear down.
 
     `probed`: the plan (with its sessions) and the server infos of external endpoints, already probed (with
-    `backend`, which keeps what its probes learned).
+    `backend`, which keeps what its probes learned). `vllm_work`: an --engine vllm run's `vllm_workload`.
     """
     resumed = cfg.resume is not None
     backend = backend or backend_of(cfg)
     if cfg.engine == "vllm" and not cfg.external:
         from harness.vllm.start import execute_vllm
 
-        return execute_vllm(cfg, vllm_sessions(cfg), run_dir, run_id, drive)
+        return execute_vllm(cfg, vllm_work or vllm_workload(cfg), run_dir, run_id, drive)
     plan, infos = probed or make_plan(cfg, None, probe=cfg.external, backend=backend)
     if cfg.external:
         cands, ref = external_pools(plan, cfg.api_key, cfg.recover_timeout, backend)

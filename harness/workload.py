@@ -111,6 +111,9 @@ def load_sessions(cfg: RunConfig, target: Target) -> tuple[list, int]:
 
     flag = "--cover" if cfg.cover else f"--suite {cfg.suite}"
     if cfg.engine == "vllm" and cfg.suite == "vllm-boundary":
+        if target.tokenizer is None:
+            raise ConfigError(f"{flag}: its cases are cut to exact lengths in the model's tokenizer, and "
+                              f"{target.tokenizer_source}: pass --tokenizer")
         return [], 0  # built per server from the block it reports, once it is up (harness/vllm/workload.py)
     if target.tokenizer is None and cfg.workload in GENERATED:
         raise ConfigError(f"{flag}: its prompts are text cut to exact lengths in the target's tokenizer, and "

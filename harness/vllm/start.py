@@ -10,6 +10,7 @@ caching silently off on a hybrid, say) stops the run with a message that says so
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import aiohttp
@@ -19,12 +20,14 @@ from harness.plan import REFERENCE_POOL, Plan, PoolPlan
 from harness.vllm.profile import engine_spec, make_pool, pools
 
 
-def vllm_plan(cfg, sessions: list) -> Plan:
-    """Pools of a vLLM run; each candidate pool serves every session (their interval is the server's block)."""
+def vllm_plan(cfg, work: tuple) -> Plan:
+    """Pools of a vLLM run; each candidate pool serves every session (their interval is the server's block).
+    `work`: (sessions, the workload line, the target's tokenizer) from harness.run.vllm_workload."""
+    sessions, workload, tokenizer = work
     cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
     plans = tuple(PoolPlan(p.name, "candidate", engine_spec(p), cfg.replicas, tuple(sessions)) for p in cands)
     return Plan(plans, PoolPlan(REFERENCE_POOL, "reference", engine_spec(ref), cfg.reference_replicas),
-                cfg.concurrency, 0)
+                cfg.concurrency, 0, workload=workload, tokenizer=tokenizer)
 
 
 def check_reported(name: str, asked, info: dict) -> str | None:
@@ -87,13 +90,17 @@ def derived_sessions(cfg, cands: list) -> tuple:
     """`--suite vllm-boundary`: cases around the largest block the caching candidates report."""
     from harness.pools import HarnessError
     from harness.vllm.workload import boundary_sessions
+    from protocol.tokenizer import TokenizerError
 
     blocks = [p.engine.interval for p in cands if p.engine.interval]
     if not blocks:
         raise HarnessError("--suite vllm-boundary places cases around the prefix-cache block, and no candidate "
                            "reports one (no prefix caching): use --suite frozen")
     speculative = [p.engine.block_size for p in cands if p.engine.block_size]
-    sessions = boundary_sessions(cfg.tokenizer or cfg.model_path, max(blocks), max(speculative, default=None))
+    try:
+        sessions = boundary_sessions(cfg.tokenizer or cfg.model_path, max(blocks), max(speculative, default=None))
+    except (TokenizerError, ValueError, OSError) as e:
+        raise HarnessError(f"--suite vllm-boundary: {e}") from None
     print(f"suite vllm-boundary: {len(sessions)} sessions around multiples of block {max(blocks)}")
     return tuple(sessions)
 
@@ -103,7 +110,7 @@ def settled_plan(plan: Plan, cands: list, sessions: tuple | None = None) -> Plan
     engines = {p.name: p.engine for p in cands}
     fixed = tuple(PoolPlan(p.name, p.role, engines[p.name], p.replicas, p.sessions if sessions is None else sessions)
                   for p in plan.candidates)
-    return Plan(fixed, plan.reference, plan.concurrency, plan.skipped_sessions)
+    return dataclasses.replace(plan, candidates=fixed)
 
 
 def run_probe(cands: list, ref, backend) -> dict[str, dict]:
@@ -117,7 +124,7 @@ def summary(infos: dict[str, dict]) -> str:
     return "\n".join(f"  {url}: " + json.dumps({k: info.get(k) for k in keys}) for url, info in infos.items())
 
 
-def describe_run(cfg, sessions: list) -> str:
+def describe_run(cfg, sessions: list, workload: str = "") -> str:
     """What `--dry-run` prints for --engine vllm (nothing is started)."""
     from harness.vllm import VLLMNotFound, find_python
     from harness.vllm.profile import describe
@@ -127,7 +134,8 @@ def describe_run(cfg, sessions: list) -> str:
     except VLLMNotFound as e:
         python = f"<no vLLM interpreter: {e}>"
     cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
-    return describe(cfg, python, cands, ref, len(sessions))
+    text = describe(cfg, python, cands, ref, len(sessions))
+    return text + (f"\nworkload: {workload}" if workload else "")
 
 
 def backend_for(cfg, api_key: str):
@@ -138,13 +146,13 @@ def backend_for(cfg, api_key: str):
     return OpenAIBackend(api_key, cfg.tokenizer or cfg.model_path, {"intervals": (None,), "block_size": None})
 
 
-def execute_vllm(cfg, sessions: list, run_dir, run_id: str, drive):
+def execute_vllm(cfg, work: tuple, run_dir, run_id: str, drive):
     """Start the vLLM pools under Ray (logs in RUN_DIR/logs on a local Ray), probe them, drive, tear down."""
     from harness.pools import HarnessError
     from harness.ray_pools import RayPools
     from harness.vllm import VLLMNotFound
 
-    plan = vllm_plan(cfg, sessions)
+    plan = vllm_plan(cfg, work)
     log_dir = str(run_dir.resolve() / "logs") if not cfg.address else None
     pools_ = RayPools(cfg, plan, run_id, log_dir=log_dir)
     pools_.backend = backend_for(cfg, pools_.api_key)
@@ -156,7 +164,7 @@ def execute_vllm(cfg, sessions: list, run_dir, run_id: str, drive):
             raise HarnessError(str(e)) from None
         try:
             infos = run_probe(cands, ref, pools_.backend)
-        except RequestError as e:
+        except (RequestError, ReplicaFailure) as e:
             raise HarnessError(str(e)) from None
         print("vLLM servers report:\n" + summary(infos))
         derived = derived_sessions(cfg, cands) if cfg.suite == "vllm-boundary" else None

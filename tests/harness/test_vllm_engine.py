@@ -13,6 +13,7 @@ from harness.config import ConfigError
 from harness.run import main
 from harness.vllm import VLLMNotFound, find_python, server_env
 from harness.vllm.profile import VLLMArgsError, caching_of, check_args, pools, spec_config, without
+from protocol.hf_tokenizer import load_tokenizer
 from tests.harness.fake_vllm import make_interpreter
 from tests.harness.helpers import REPO, make_sessions, write_workload
 
@@ -30,12 +31,15 @@ def model_dir(tmp_path):
     return d
 
 
-def test_generated_suites_need_the_model_directorys_tokenizer(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("suite", ["frozen", "vllm-boundary"])
+def test_suites_cut_in_tokens_need_the_model_directorys_tokenizer(model_dir, tmp_path, capsys, suite):
     (model_dir / "tokenizer.json").unlink()
     fake = make_interpreter(tmp_path / "bin")
-    assert main(["--engine", "vllm", "--model", str(model_dir), "--vllm-python", fake, "--dry-run"]) == 2
+    assert main(["--engine", "vllm", "--model", str(model_dir), "--vllm-python", fake, "--suite", suite,
+                 "--runs-dir", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
-    assert f"--model {model_dir} holds no tokenizer.json: pass --tokenizer" in err
+    assert f"--suite {suite}: " in err and f"--model {model_dir} holds no tokenizer.json: pass --tokenizer" in err
+    assert not (tmp_path / "runs").exists()  # refused before anything was started or written
 
 
 def test_pools_full_diagnose_and_reference_flags():
@@ -130,6 +134,10 @@ def test_vllm_replicas_under_ray_pass_and_log_in_the_run_dir(ray_local, workdir,
     assert config["pools"]["vllm"]["engine"]["block_size"] == 5 and config["run_config"]["backend"] == "openai"
     records = [json.loads(x) for p in (run_dir / "records").glob("*.jsonl") for x in p.read_text().splitlines()]
     assert sum(r["role"] == "candidate" for r in records) == 3 * 2 * 2
+    # the workload and the records name the model directory's tokenizer (what decodes their text)
+    tok = load_tokenizer(str(model_dir)).name
+    assert config["plan"]["tokenizer"] == tok and "tokenizer" in config["plan"]["workload"]
+    assert {r["tokenizer"] for r in records if r["role"] != "stats"} == {tok}
     assert sorted(p.name.split("-")[0] for p in (run_dir / "logs").glob("*.log")) == ["reference", "vllm"]
     for name in ("vllm", "reference"):
         cache = run_dir.resolve() / "logs" / f"{name}-r0-cache"
