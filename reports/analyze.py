@@ -180,6 +180,8 @@ def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]
         if prev is None:
             continue
         before = rows[prev]
+        if before["class"] == "error" or before["interval"] is None:
+            continue  # what the previous turn crossed or took is unknown: no link claimed
         row["restored_link"] = "prefill" if before["cached_tokens"] < cached <= before["input_len"] else "none"
         for x in crossings[prev]:
             if x.boundary != cached:
