@@ -58,3 +58,32 @@ def test_in_band_errors_are_classified_by_their_code(chunk, kind):
 
 def test_a_normal_chunk_is_no_error():
     assert client.stream_error({"text": "error", "output_ids": [1], "meta_info": {}}) is None
+
+
+class _Content:
+    def __init__(self, chunks: list[bytes]):
+        self.chunks = chunks
+
+    async def iter_any(self):
+        for c in self.chunks:
+            yield c
+
+
+@pytest.mark.parametrize("chunks,want", [
+    ([b"data: 1\n\ndata: 2\n\n"], [b"1", b"2"]),
+    ([b"data: 1\r\n\r\ndata: [DONE]\r\n\r\n"], [b"1", b"[DONE]"]),  # CRLF line ends (the SSE spec allows them)
+    ([b"data: 1\r", b"\n\r\ndata: 2\r\n", b"\r\n"], [b"1", b"2"]),  # a CRLF split across chunks
+    ([b": keep-alive\n\nevent: x\ndata: 1\n\n"], [b"1"]),  # comments and other fields are skipped
+    ([b"data: 1\n\ndata: 2"], [b"1", b"2"]),  # a last event closed without its blank line
+    ([b"da", b"ta: 1\n", b"\n"], [b"1"]),  # an event split across chunks
+])
+def test_sse_data_yields_every_data_event(chunks, want):
+    import asyncio
+    from types import SimpleNamespace
+
+    from harness.backends.sse import sse_data
+
+    async def collect():
+        return [body async for _, body in sse_data(SimpleNamespace(content=_Content(chunks)))]
+
+    assert asyncio.run(collect()) == want
