@@ -71,6 +71,18 @@ def pool(name: str, urls: list[str], engine: EngineSpec, role: str = "candidate"
                 recover_timeout=recover, api_key=api_key)
 
 
+def engine_pair(logs: Path):
+    """A built-in DFlash candidate (I = 128) and a cold reference server; yields their URLs, then stops both
+    (the body of a module-scoped fixture)."""
+    from tests.engine.server.client import Server
+
+    cand = Server(["--speculative-algorithm", "DFLASH", "--mamba-track-interval", "128"], logs / "cand.log")
+    ref = Server(["--speculative-algorithm", "NONE", "--disable-radix-cache"], logs / "ref.log")
+    yield cand.url, ref.url
+    cand.stop()
+    ref.stop()
+
+
 def frozen_subset(path: Path, session_ids) -> str:
     """Write the committed frozen suite's sessions `session_ids` (all must exist) to `path`; its path."""
     from workloads.corpus import DATA_DIR

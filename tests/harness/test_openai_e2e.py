@@ -11,8 +11,7 @@ import json
 import pytest
 
 from harness.run import main
-from tests.engine.server.client import Server
-from tests.harness.helpers import frozen_subset, read_lines
+from tests.harness.helpers import engine_pair, frozen_subset, read_lines
 
 pytestmark = pytest.mark.slow
 SESSIONS = ("frozen-i128-k1-m8", "frozen-i128-k1-m3", "frozen-i128-k1-m1", "frozen-i128-ctrl1")
@@ -20,12 +19,7 @@ SESSIONS = ("frozen-i128-k1-m8", "frozen-i128-k1-m3", "frozen-i128-k1-m1", "froz
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("engines")
-    cand = Server(["--speculative-algorithm", "DFLASH", "--mamba-track-interval", "128"], logs / "cand.log")
-    ref = Server(["--speculative-algorithm", "NONE", "--disable-radix-cache"], logs / "ref.log")
-    yield cand.url, ref.url
-    cand.stop()
-    ref.stop()
+    yield from engine_pair(tmp_path_factory.mktemp("engines"))
 
 
 

@@ -15,9 +15,8 @@ import pytest
 
 from harness.run import main
 from protocol.tokenizer import BYTE_TOKENIZER_JSON
-from tests.engine.server.client import Server
 from tests.harness import server_infos
-from tests.harness.helpers import candidate_args, read_lines, reference_args
+from tests.harness.helpers import candidate_args, engine_pair, read_lines, reference_args
 from tests.harness.test_external import servers
 from tests.workloads.bpe import train_bpe
 from workloads.frozen import FROZEN_PATH
@@ -73,12 +72,7 @@ def test_a_bpe_target_gets_exact_prompt_lengths_and_decoded_text(tmp_path, capsy
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    logs = tmp_path_factory.mktemp("engines")
-    cand = Server(["--speculative-algorithm", "DFLASH", "--mamba-track-interval", "128"], logs / "cand.log")
-    ref = Server(["--speculative-algorithm", "NONE", "--disable-radix-cache"], logs / "ref.log")
-    yield cand.url, ref.url
-    cand.stop()
-    ref.stop()
+    yield from engine_pair(tmp_path_factory.mktemp("engines"))
 
 
 def test_the_exported_byte_tokenizer_gives_the_builtin_records(engines, tmp_path, capsys):
