@@ -83,6 +83,31 @@ def engine_pair(logs: Path):
     ref.stop()
 
 
+@contextlib.contextmanager
+def server_processes(command: list[str], argvs, what: str = "servers"):
+    """`command + argv + --port P` as subprocesses on free ports, one per argv; yields their URLs once healthy."""
+    import subprocess
+    import time
+
+    from harness.replica import free_port, http_ok
+
+    procs, urls = [], []
+    try:
+        for argv in argvs:
+            port = free_port("127.0.0.1")
+            procs.append(subprocess.Popen([*command, *argv, "--port", str(port)], cwd=REPO))
+            urls.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while not all(http_ok(f"{u}/health") for u in urls):
+            assert time.monotonic() < deadline, f"{what} did not start"
+            time.sleep(0.05)
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+
+
 def frozen_subset(path: Path, session_ids) -> str:
     """Write the committed frozen suite's sessions `session_ids` (all must exist) to `path`; its path."""
     from workloads.corpus import DATA_DIR

