@@ -13,6 +13,7 @@ import torch
 from engine import kernels
 from engine.cache import KVPool, ModelCaches
 from engine.config import EngineConfig
+from engine.model.attention import gather_kv
 from engine.model.batch import ForwardBatch
 from engine.model.config import HybridConfig, preset
 from engine.model.drafter import DFlashDrafter, random_drafter_state_dict
@@ -53,6 +54,7 @@ class ModelRunner:
         self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device, ssm_dtype)
         self.drafter = None
         self._last_verify = None
+        self._verify_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block size -> verify buffers
         # the drafter runs on rank 0 only (it is small and reads the replicated hidden states)
         if cfg.speculative and cfg.drafter_mode == "model" and tp.rank == 0:
             if drafter_full is None:
@@ -84,11 +86,25 @@ class ModelRunner:
                           state_slots=torch.tensor(slots, dtype=torch.long).to(self.device),
                           capture_layers=self.capture)
         if verify:  # intermediates in the pools' dtypes: what gets committed is what a step would store
-            st = self.caches.state
-            fb.rec_inter = torch.empty(st.rec.shape[0], B, T, *st.rec.shape[2:], dtype=st.rec.dtype, device=self.device)
-            fb.conv_inter = torch.empty(st.conv.shape[0], B, T, *st.conv.shape[2:], dtype=st.conv.dtype,
-                                        device=self.device)
+            fb.rec_inter, fb.conv_inter = self._verify_buffers(B, T)
         return fb
+
+    def _verify_buffers(self, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The verify intermediates [L, B, T, ...] (rec, conv), kept between verifies.
+
+        One buffer per block size, grown to the largest batch seen, instead of a fresh one per verify
+        (50 MB at batch 16, B = 8, that the OS would fault in again each time); a verify's states are
+        consumed by `commit_verify` before the next verify starts. Stored step-major ([L, T, B, ...],
+        exposed as [L, B, T, ...]): step t of every sequence is one contiguous block, which the torch
+        delta rule writes in place instead of copying each step's state in (gdn_naive.gdn_verify).
+        """
+        st = self.caches.state
+        bufs = self._verify_bufs.get(T)
+        if bufs is None or bufs[0].shape[2] < B:
+            bufs = tuple(torch.empty(pool.shape[0], T, B, *pool.shape[2:], dtype=pool.dtype, device=self.device)
+                         for pool in (st.rec, st.conv))
+            self._verify_bufs[T] = bufs
+        return tuple(buf[:, :, :B].transpose(1, 2) for buf in bufs)
 
     # --- forwards -----------------------------------------------------------
     @torch.inference_mode()
@@ -141,7 +157,9 @@ class ModelRunner:
         read = torch.zeros(B, Lc, dtype=torch.long)
         for b, (p, s) in enumerate(zip(pages, starts, strict=True)):
             read[b, :s] = self.kv.slots(p, 0, s)
-        ctx = [(self.draft_kv.k[i][read], self.draft_kv.v[i][read]) for i in range(len(self.drafter.layers))]
+        # index_select (gather_kv): the same rows as pool[read], without advanced indexing's per-call work
+        ctx = [(gather_kv(self.draft_kv.k[i], read), gather_kv(self.draft_kv.v[i], read))
+               for i in range(len(self.drafter.layers))]
         hidden = self.drafter(self.model.embed, ids.to(self.device), positions.to(self.device), ctx,
                               torch.tensor(starts))
         return self.model.logits(hidden)
@@ -153,8 +171,8 @@ class ModelRunner:
         for i, (k, v) in enumerate(kvs):
             if keep is not None:
                 k, v = k[keep], v[keep]
-            self.draft_kv.k[i][sel.reshape(-1)] = k.reshape(-1, *k.shape[-2:])
-            self.draft_kv.v[i][sel.reshape(-1)] = v.reshape(-1, *v.shape[-2:])
+            for pool, x in ((self.draft_kv.k[i], k), (self.draft_kv.v[i], v)):  # distinct slots: = pool[sel]
+                pool.index_copy_(0, sel.reshape(-1), x.reshape(-1, *x.shape[-2:]).to(pool.dtype))
 
     @torch.inference_mode()
     def commit_verify(self, working_slots: list[int], commit_lens: list[int], track_slots: list[int],

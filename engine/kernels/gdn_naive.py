@@ -55,24 +55,41 @@ def gdn_verify(
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     BH = B * H
+    keep = final is None
+    steps = _step_views(states_out, BH) if keep else None  # write each step's state where it belongs
     S = state.float()
-    if not own_state and S.data_ptr() == state.data_ptr():
+    if steps is None and not own_state and S.data_ptr() == state.data_ptr():
         S = S.clone()  # the input state stays untouched
     S = S.contiguous().reshape(BH, Dk, Dv)
-    keep = final is None
     if keep and states_out is None:
         states_out = S.new_empty(B, T, H, Dk, Dv)
     outs = q.new_empty(B, T, H, Dv)
     qs = q * scale
     for t in range(T):
         # exp of this step's [B, H] slice only: the same elementwise kernel path as one step at a time
-        S.mul_(g[:, t].exp().reshape(BH, 1, 1))
+        decay = g[:, t].exp().reshape(BH, 1, 1)
+        if steps is None:
+            S.mul_(decay)
+        else:  # the same product, written into step t's slot of states_out instead of over S
+            S = torch.mul(S, decay, out=steps[t])
         kt = k[:, t].reshape(BH, 1, Dk)
         u = beta[:, t].reshape(BH, 1, 1) * (v[:, t].reshape(BH, 1, Dv) - torch.bmm(kt, S))  # beta (v - S^T k)
         S.add_(kt.transpose(1, 2) * u)  # k u^T
         outs[:, t] = torch.bmm(qs[:, t].reshape(BH, 1, Dk), S).reshape(B, H, Dv)  # S^T q
-        if keep:
+        if keep and steps is None:
             states_out[:, t] = S.reshape(B, H, Dk, Dv)
     if not keep:
         final.append(S.reshape(B, H, Dk, Dv))
     return outs.to(out_dtype), states_out
+
+
+def _step_views(states_out: torch.Tensor | None, BH: int) -> list[torch.Tensor] | None:
+    """Step t of states_out ([B, T, H, Dk, Dv], fp32) as a contiguous [B*H, Dk, Dv] view, for every t;
+    None when there is no buffer or its steps are not contiguous (then states are copied in per step).
+    The engine's verify buffers are stored step-major so that they are (ModelRunner._verify_buffers)."""
+    if states_out is None or states_out.dtype != torch.float32:
+        return None
+    views = [states_out[:, t] for t in range(states_out.shape[1])]
+    if not all(x.is_contiguous() for x in views):
+        return None
+    return [x.view(BH, *x.shape[2:]) for x in views]

@@ -43,8 +43,9 @@ class Attention(nn.Module):
         q = rope(q.reshape(B, T, self.h, self.d), fb.positions, self.theta)
         k = rope(k.reshape(B, T, self.hkv, self.d), fb.positions, self.theta)
         v = v.reshape(B, T, self.hkv, self.d)
-        k_pool[fb.kv_write.reshape(-1)] = k.reshape(-1, self.hkv, self.d).to(k_pool.dtype)
-        v_pool[fb.kv_write.reshape(-1)] = v.reshape(-1, self.hkv, self.d).to(v_pool.dtype)
+        write = fb.kv_write.reshape(-1)  # distinct slots: index_copy_ is pool[write] = ..., with less per-op work
+        k_pool.index_copy_(0, write, k.reshape(-1, self.hkv, self.d).to(k_pool.dtype))
+        v_pool.index_copy_(0, write, v.reshape(-1, self.hkv, self.d).to(v_pool.dtype))
         K = gather_kv(k_pool, fb.kv_read).to(q.dtype)  # [B, Lk, Hkv, D]
         V = gather_kv(v_pool, fb.kv_read).to(q.dtype)
         mask = causal_mask(fb.positions, fb.kv_lens, K.shape[1])

@@ -87,3 +87,17 @@ def test_sampling_is_seeded_and_deterministic():
     b = e.generate([req("t2", ids, 20, temperature=0.8, seed=7)])[0]
     c = e.generate([req("t3", ids, 20, temperature=0.8, seed=8)])[0]
     assert a.output_ids == b.output_ids != c.output_ids
+
+
+def test_verify_buffers_are_kept_grown_and_step_major():
+    runner = make_engine(speculative_algorithm="DFLASH", speculative_num_draft_tokens=B).runner
+    rec2, conv2 = runner._verify_buffers(2, B)
+    L, N = runner.caches.state.rec.shape[:2]
+    assert rec2.shape == (L, 2, B, *runner.caches.state.rec.shape[2:])
+    assert conv2.shape == (L, 2, B, *runner.caches.state.conv.shape[2:])
+    assert all(rec2[layer][:, t].is_contiguous() for layer in range(L) for t in range(B))  # step-major
+    rec1, _ = runner._verify_buffers(1, B)
+    assert rec1.data_ptr() == rec2.data_ptr()  # a smaller batch reuses the buffer
+    rec5, _ = runner._verify_buffers(5, B)
+    assert rec5.shape[1] == 5 and runner._verify_buffers(3, B)[0].data_ptr() == rec5.data_ptr()
+    assert runner._verify_buffers(2, 2 * B)[0].shape[2] == 2 * B  # its own buffer per block size

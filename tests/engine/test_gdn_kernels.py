@@ -167,3 +167,21 @@ def test_pool_forward_checkpoints_inside_an_extend(T, offset, dtype):
     assert torch.equal(y, conv_pool_forward(x, cplain, slots, w)) and torch.equal(cpool[1], cplain[1])
     _, windows = causal_conv1d_verify(x, window_before, w)
     assert torch.equal(cpool[3], windows[0, offset - 1])
+
+
+@pytest.mark.parametrize("own_state", [False, True])
+def test_verify_writes_a_step_major_buffer_in_place_bit_identically(own_state):
+    """The engine's verify buffers are step-major ([T, B, ...] memory): the states are written there in
+    place, and outputs and states are bit-identical to the copying form; the input state is untouched."""
+    B, T, H, Dk, Dv = 3, 5, 2, 8, 4
+    q, k, v, g, beta, s0 = _inputs(B, T, H, Dk, Dv, seed=7)
+    o_ref, states_ref = gdn_verify(q, k, v, g, beta, s0, 0.25)  # a fresh [B, T, ...] buffer
+    contiguous = torch.full((B, T, H, Dk, Dv), float("nan"))
+    step_major = torch.full((T, B, H, Dk, Dv), float("nan")).transpose(0, 1)
+    for out in (contiguous, step_major):
+        state = s0.clone()
+        o, states = gdn_verify(q, k, v, g, beta, state, 0.25, states_out=out, own_state=own_state)
+        assert states is out
+        assert torch.equal(o, o_ref) and torch.equal(out, states_ref)
+        if not own_state:
+            assert torch.equal(state, s0)

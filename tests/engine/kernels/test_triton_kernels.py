@@ -223,3 +223,25 @@ def test_package_keeps_its_dispatch_function():
     import engine.kernels
 
     assert callable(engine.kernels.commit_verified_states)
+
+
+def test_gdn_and_scatter_accept_step_major_intermediates():
+    """The runner's verify buffers are step-major views: the kernels address them by strides."""
+    B, T, HQ, H, Dk, Dv, block_v = GDN_SHAPES[0]
+    (q, k, v, g, beta), pool = _gdn_inputs(B, T, HQ, H, Dk, Dv, torch.float32, seed=11)
+    dense = torch.full((B, T, H, Dk, Dv), float("nan"))
+    step_major = torch.full((T, B, H, Dk, Dv), float("nan")).transpose(0, 1)
+    outs = [gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, pool, SLOTS, Dk**-0.5, inter, block_v=block_v)
+            for inter in (dense, step_major)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(dense, step_major)
+    rec_pool, conv_pool, rec_inter, conv_inter, *idx = _scatter_case(torch.long, seed=2)
+    results = []
+    for layout in ("dense", "step-major"):
+        r, c = rec_inter, conv_inter
+        if layout == "step-major":
+            r = rec_inter.transpose(1, 2).contiguous().transpose(1, 2)
+            c = conv_inter.transpose(1, 2).contiguous().transpose(1, 2)
+        rp, cp = rec_pool.clone(), conv_pool.clone()
+        state_scatter_triton(rp, cp, r, c, *idx, block=16)
+        results.append((rp, cp))
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
