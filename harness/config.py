@@ -102,6 +102,10 @@ class RunConfig:
                                         "the reference's: the harness fails)")
     max_retries: int = setting(3, "int", "re-sends of a request after replica failures")
     reference_concurrency: int = setting(8, "int", "reference requests in flight")
+    reference_nice: int = setting(10, "int", "niceness (0-19) added to the reference replicas' servers (under Ray): "
+                                  "references are off the critical path, so where they share cores with "
+                                  "candidates they yield the CPU to them and catch up when the candidates idle; "
+                                  "0: no change")
     sequential_pools: bool = setting(False, "bool", "run the interval pools one after another (default: "
                                      "together)")
     server_command: tuple[str, ...] | None = setting(
@@ -187,6 +191,7 @@ def validate(c: RunConfig) -> None:
     for name in ("max_retries", "max_hard", "max_errors", "max_replica_restarts", "max_drift"):
         need(getattr(c, name) >= 0, f"{flag(name)} must be >= 0, got {getattr(c, name)}")
     need(c.num_cpus is None or c.num_cpus >= 1, f"--num-cpus must be >= 1, got {c.num_cpus}")
+    need(0 <= c.reference_nice <= 19, f"--reference-nice must be in 0..19, got {c.reference_nice}")
     need(c.request_timeout > 0 and c.startup_timeout > 0 and c.recover_timeout > 0,
          "--request-timeout, --startup-timeout and --recover-timeout must be > 0")
     need(not c.trust_run_config or c.resume is not None, "--trust-run-config applies to --resume only")

@@ -141,11 +141,12 @@ class RayPools:
             raise HarnessError(f"placement groups not ready: {len(specs)} replica(s) need {need} CPU(s) "
                                f"({self.cfg.tp_size} per replica); the cluster has "
                                f"{ray.cluster_resources().get('CPU', 0):g}") from None
-        for _, rid, args, pg, engine_cfg in specs:
+        for p, rid, args, pg, engine_cfg in specs:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
             actor = actor_cls.options(scheduling_strategy=strategy).remote(
                 rid, args, command, os.getcwd(), self.cfg.startup_timeout, log_dir, engine_cfg,
-                self.api_key, bind, self.cfg.recover_timeout, "vllm" if vllm else "builtin")
+                self.api_key, bind, self.cfg.recover_timeout, "vllm" if vllm else "builtin",
+                self.cfg.reference_nice if p.role == "reference" else 0)
             self.actors.append(actor)
         try:
             infos = ray.get([a.info.remote() for a in self.actors], timeout=self.cfg.startup_timeout + 30)

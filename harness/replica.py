@@ -32,6 +32,7 @@ _LAUNCHER = (
     "import ctypes, os, signal, sys\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
     "os.getppid() == int(sys.argv[1]) or sys.exit(1)\n"
+    "os.nice(int(os.environ.pop('SPECGATE_NICE', '0')))\n"  # before exec: every thread of the server inherits it
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 LOG_TAIL_BYTES = 3000
@@ -112,11 +113,13 @@ class ReplicaServer:
 
     def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
                  startup_timeout: float, log_dir: str, engine_cfg: dict | None = None, api_key: str | None = None,
-                 bind: str = "node", recover_timeout: float | None = None, profile: str = "builtin") -> None:
+                 bind: str = "node", recover_timeout: float | None = None, profile: str = "builtin",
+                 nice: int = 0) -> None:
         """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it).
         `bind`: "loopback" (the cluster is this node) or "node" (listen on the node's address).
         `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`);
-        `profile`: "builtin" (engine.serve) or "vllm" (its environment: harness/vllm/__init__.py)."""
+        `profile`: "builtin" (engine.serve) or "vllm" (its environment: harness/vllm/__init__.py);
+        `nice`: added to the server's niceness (Linux; the reference pool's --reference-nice)."""
         import ray
 
         ctx = ray.get_runtime_context()
@@ -126,7 +129,7 @@ class ReplicaServer:
         self.node_ip = ray.util.get_node_ip_address()
         self.host = "127.0.0.1" if bind == "loopback" else self.node_ip
         self.restarts = int(getattr(ctx, "was_current_actor_reconstructed", False))
-        self.api_key = api_key
+        self.api_key, self.nice = api_key, nice
         self.tp_secret = secrets.token_hex(32)
         self.previous: dict | None = None
         self._stopping = False
@@ -170,6 +173,7 @@ class ReplicaServer:
         if self.api_key:
             env[API_KEY_ENV] = self.api_key
         env[TP_SECRET_ENV] = self.tp_secret
+        env["SPECGATE_NICE"] = str(self.nice)  # the launcher applies it
         if self.profile == "vllm":  # its own venv: never this project's packages on its path
             from harness.vllm import server_env
             env.pop("PYTHONPATH", None)
@@ -213,13 +217,15 @@ class ReplicaServer:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         pg = get_current_placement_group()
+        from harness.rank_actor import RankActor
+
         cls = ray.remote(num_cpus=1, max_restarts=0)(RankActor)
         for a in self.ranks:
             ray.kill(a, no_restart=True)
         self.ranks = [
             cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r))
             .remote(self.engine_cfg, r, tp_size, self.host, port, self.tp_secret.encode(),
-                    self.host == "127.0.0.1")
+                    self.host == "127.0.0.1", self.nice)
             for r in range(1, tp_size)
         ]
 
@@ -268,33 +274,3 @@ class ReplicaServer:
 
         for a in self.ranks:
             ray.kill(a, no_restart=True)
-
-
-class RankActor:
-    """Ray actor body for ranks 1..N-1 of a tensor-parallel replica (wrapped with ray.remote above).
-
-    It builds its shard from the replica's EngineConfig, joins rank 0's group at the
-    replica's rendezvous address and replays its calls on a thread; if the group fails
-    (rank 0 gone), the actor exits so nothing is left behind.
-    """
-
-    def __init__(self, engine_cfg: dict, rank: int, size: int, addr: str, port: int, secret: bytes,
-                 loopback: bool):
-        import ray
-
-        from engine.config import EngineConfig
-        from engine.tp.ranks import RankWorker
-
-        cfg = EngineConfig(**engine_cfg)
-        bind = "127.0.0.1" if loopback else ray.util.get_node_ip_address()  # this rank's own node
-
-        def run() -> None:
-            try:
-                RankWorker(cfg, rank, size, addr, port, secret, bind).serve_forever()
-            except BaseException:  # rank 0 vanished: nothing left to serve
-                os._exit(1)
-
-        threading.Thread(target=run, name=f"tp-rank{rank}", daemon=True).start()
-
-    def ping(self) -> int:
-        return os.getpid()

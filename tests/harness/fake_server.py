@@ -7,7 +7,8 @@ sequences: a request sharing a prefix of length L with one gets
 of requests that hit the cache, which is what the harness must detect.
 
 Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE`
-(append every received rid), `--pid-dir DIR` (write `<role>-i<interval>-<port>.pid`),
+(append every received rid), `--pid-dir DIR` (write `<role>-i<interval>-<port>.pid`: its pid, and a
+`.nice` file beside it: its niceness),
 `--top-k-max K` (cap on top logprobs, to fail the capability probe), `--no-spec-trace`,
 `--fail-first N` (answer the first N /generate requests with HTTP 503), `--server-info-json FILE`
 (answer the settings endpoints with a recorded payload instead of the fake's own), `--info-paths`
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         role = "candidate" if args.speculative_algorithm == "DFLASH" else "reference"
         name = f"{role}-i{args.mamba_track_interval}-{args.port}.pid"
         Path(args.pid_dir, name).write_text(str(os.getpid()))
+        Path(args.pid_dir, name).with_suffix(".nice").write_text(str(os.nice(0)))
     web.run_app(make_app(args), host=args.host, port=args.port, print=None, access_log=None)
 
 

@@ -58,6 +58,8 @@ def test_ray_address_from_environment_unless_given():
     (["--run-id", "x/y"], "--run-id must be letters"),
     (["--run-id", "x", "--resume", "runs/y"], "exclude each other"),
     (["--request-timeout", "soon"], "--request-timeout: expected"),
+    (["--reference-nice", "20"], "--reference-nice must be in 0..19, got 20"),
+    (["--reference-nice", "-1"], "--reference-nice must be in 0..19, got -1"),
 ])
 def test_bad_flags_give_clear_errors(argv, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):

@@ -26,6 +26,11 @@ def test_local_ray_run_is_complete_and_passes_the_gate(ray_local, workdir):
     assert {r["replica_id"] for r in cands} == {"i16-r0", "i16-r1", "i32-r0", "i32-r1"}
     assert all(r["node_id"] for r in cands)
     assert (run_dir / "config.json").exists() and (run_dir / "report.html").exists()
+    # --reference-nice (default 10) on top of what the Ray worker had; candidates keep the worker's own
+    nice = {f.stem: int(f.read_text()) for f in (workdir / "pids").glob("*.nice")}
+    cand = {n for k, n in nice.items() if k.startswith("candidate-")}
+    ref = {n for k, n in nice.items() if k.startswith("reference-")}
+    assert len(cand) == 1 and len(ref) == 1 and ref == {min(19, cand.pop() + 10)}
 
 
 def test_killed_replica_is_restarted_and_its_requests_retried(ray_local, workdir):
