@@ -6,9 +6,10 @@ Prints (no assertions):
   * held-out bits per byte and the share of positions whose top-1/top-2 log-prob margin is below 0.5;
   * the acceptance histogram over the frozen suite's turn-0 prompts (their max_new_tokens and interval).
 
-With --http, instead: decode tokens/s at concurrency 1 through two `python -m engine.serve` servers
-started side by side (DFlash B = 8 and no speculation; radix cache off so repeats do not hit it), the
-same prompts sent one at a time to each in turn, and their ratio, best of --repeats.
+With --http, instead: decode tokens/s at concurrency 1 through `python -m engine.serve` servers
+started side by side (no speculation, and DFlash at each --http-blocks size, default 8 and 16; radix
+cache off so repeats do not hit it), the same prompts sent one at a time to each in turn, and each
+DFlash server's ratio to the plain one, best of --repeats.
 
 Usage: python benchmarks/spec_speedup.py [--model-path default] [--new 128] [--threads 1] [--no-frozen] [--http]
 """
