@@ -5,7 +5,8 @@ The actor starts the server on a free port, waits for /health and reports
 dies, so Ray restarts the actor (at most `--max-replica-restarts` times), which
 starts a new server and reports the first lines of its predecessor's crash:
 restart policy stays Ray's. The server is started through a tiny launcher that
-sets PR_SET_PDEATHSIG, so it dies with its actor instead of leaking.
+sets PR_SET_PDEATHSIG, so it dies with its actor instead of leaking, and adds the
+pool's niceness (`--reference-nice` for the reference pool) before it execs.
 
 Nothing secret is on a command line: the API key and the tensor-parallel group's
 secret reach the server in its environment (SPECGATE_API_KEY, SPECGATE_TP_SECRET),

@@ -86,7 +86,7 @@ def gdn_verify(
 def _step_views(states_out: torch.Tensor | None, BH: int) -> list[torch.Tensor] | None:
     """Step t of states_out ([B, T, H, Dk, Dv], fp32) as a contiguous [B*H, Dk, Dv] view, for every t;
     None when there is no buffer or its steps are not contiguous (then states are copied in per step).
-    The engine's verify buffers are stored step-major so that they are (ModelRunner._verify_buffers)."""
+    The engine's verify buffers are stored step-major so that they are contiguous (ModelRunner._verify_buffers)."""
     if states_out is None or states_out.dtype != torch.float32:
         return None
     views = [states_out[:, t] for t in range(states_out.shape[1])]
