@@ -63,8 +63,11 @@ def test_sigint_then_resume_equals_an_uninterrupted_run(ray_local, workdir):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "harness.run", *run_args(workdir, sessions, token_delay=0.05),
            "--address", ray_local]
+    # SIGINT back to its default in the child: a shell starts background jobs with it ignored, and a
+    # child inherits that (then the interrupt below would never arrive)
     proc = subprocess.Popen([*cmd, "--run-id", "cut"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     cand_file = workdir / "runs" / "cut" / "records" / "candidate-i16.jsonl"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
