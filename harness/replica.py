@@ -28,6 +28,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from harness.rank_actor import RankActor
+
 # exec the real command with PR_SET_PDEATHSIG=SIGKILL: the server dies with the thread that started it
 _LAUNCHER = (
     "import ctypes, os, signal, sys\n"
@@ -218,8 +220,6 @@ class ReplicaServer:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         pg = get_current_placement_group()
-        from harness.rank_actor import RankActor
-
         cls = ray.remote(num_cpus=1, max_restarts=0)(RankActor)
         for a in self.ranks:
             ray.kill(a, no_restart=True)
