@@ -11,6 +11,8 @@ from __future__ import annotations
 import html
 from collections import Counter
 
+from reports.escape import md_block_line, md_code_text, md_inline
+
 
 def _what(i: dict) -> str:
     if i.get("recovered"):
@@ -38,7 +40,8 @@ def _longest_backtick_run(text: str) -> int:
 
 
 def code_span(text: str) -> str:
-    """`text` as a Markdown code span that survives backticks inside it (CommonMark: a longer fence)."""
+    """`text` as a Markdown code span that survives backticks inside it (CommonMark: a longer fence), on one line."""
+    text = md_code_text(text)
     fence = "`" * (_longest_backtick_run(text) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"
@@ -70,10 +73,11 @@ def incidents_markdown(config: dict, records: dict) -> list[str]:
         return []
     lines = [f"## Replica incidents ({len(incidents)})", ""]
     for line, i in zip(incident_lines(incidents), incidents, strict=True):
-        lines.append(f"- {line}")
+        lines.append(f"- {md_inline(line)}")
         if i.get("excerpt"):
-            fence = "`" * max(3, _longest_backtick_run(i["excerpt"]) + 1)
-            lines += ["", f"  {fence}", *("  " + x for x in i["excerpt"].splitlines()), f"  {fence}"]
+            excerpt = str(i["excerpt"])
+            fence = "`" * max(3, _longest_backtick_run(excerpt) + 1)
+            lines += ["", f"  {fence}", *("  " + md_block_line(x) for x in excerpt.splitlines()), f"  {fence}"]
     if lost:
         lines.append("- turns without their previous turn's cache: "
                      + ", ".join(f"{n} ({cause})" for cause, n in sorted(lost.items())))

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from reports.escape import xml_safe
 from reports.results import case_text, value_or_none
 
 
 def sweep_point(pool, concurrency) -> str:
     """The JUnit classname of a sweep point, e.g. `i256.c4`."""
     conc = value_or_none(concurrency)
-    return f"{pool}.c{conc}" if conc is not None else str(pool)
+    return xml_safe(f"{pool}.c{conc}" if conc is not None else str(pool))
 
 
 def junit_tree(df: pd.DataFrame, run_id: str = "specgate") -> ET.ElementTree:
@@ -24,7 +25,8 @@ def junit_tree(df: pd.DataFrame, run_id: str = "specgate") -> ET.ElementTree:
     for r in df.to_dict("records") if len(df) else []:
         sessions = points.setdefault(sweep_point(r["pool"], r["concurrency"]), {})
         sessions.setdefault(str(r["session_id"]), []).append(r)
-    root = ET.Element("testsuites", name=f"specgate {run_id}")
+    # Every attribute and text goes through xml_safe: a server's control bytes must not make the file ill-formed.
+    root = ET.Element("testsuites", name=xml_safe(f"specgate {run_id}"))
     total_tests = total_failures = 0
     total_time = 0.0
     for classname in sorted(points):
@@ -34,16 +36,16 @@ def junit_tree(df: pd.DataFrame, run_id: str = "specgate") -> ET.ElementTree:
         for session in sorted(points[classname]):
             rows = sorted(points[classname][session], key=lambda r: (value_or_none(r["turn"]) or 0))
             time = sum(value_or_none(r["e2e"]) or 0.0 for r in rows)
-            case = ET.SubElement(suite, "testcase", classname=classname, name=session, time=f"{time:.3f}")
+            case = ET.SubElement(suite, "testcase", classname=classname, name=xml_safe(session), time=f"{time:.3f}")
             bad = [r for r in rows if r["class"] in ("hard", "drift", "error")]
             if bad:
                 kinds = sorted({r["class"] for r in bad})
-                failure = ET.SubElement(case, "failure", type="+".join(kinds), message=case_text(bad[0]))
-                failure.text = "\n".join(case_text(r) for r in bad)
+                failure = ET.SubElement(case, "failure", type="+".join(kinds), message=xml_safe(case_text(bad[0])))
+                failure.text = xml_safe("\n".join(case_text(r) for r in bad))
                 failures += 1
             out = [f"{r['key']}: {r['class']}" for r in rows]
             out += [f"soft flip (not a failure): {case_text(r)}" for r in rows if r["class"] == "soft"]
-            ET.SubElement(case, "system-out").text = "\n".join(out)
+            ET.SubElement(case, "system-out").text = xml_safe("\n".join(out))
             suite_time += time
         tests = len(points[classname])
         suite.attrib.update(tests=str(tests), failures=str(failures), errors="0", time=f"{suite_time:.3f}")

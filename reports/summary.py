@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from reports.coverage import coverage_summary
+from reports.escape import md_inline
 from reports.html_sections import cache_pressure_text
 from reports.incidents import code_span, incidents_markdown
 from reports.results import RunResults, case_text
@@ -17,7 +18,7 @@ def _md_table(df: pd.DataFrame) -> str:
         cells = []
         for c in cols:
             v = r[c]
-            cells.append("" if pd.isna(v) else (f"{v:.4g}" if isinstance(v, float) else str(v)))
+            cells.append("" if pd.isna(v) else (f"{v:.4g}" if isinstance(v, float) else md_inline(v)))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -28,16 +29,18 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
                                                 results.config)
     t = verdict.thresholds
     word = "PASS" if verdict.passed else "FAIL"
-    lines = [f"# specgate {config.get('run_id', '')}: **{word}**", "", f"**{verdict.headline}**", ""]
-    lines += [f"- {r}" for r in verdict.reasons] or ["- all gate checks passed"]
-    lines += ["", f"**Diagnosis:** {results.diagnosis.headline}", ""]
-    lines += [f"- {e}" for e in results.diagnosis.evidence] + ([""] if results.diagnosis.evidence else [])
+    # Every text that can hold a server's or a workload's words goes through md_inline: it stays one literal line.
+    lines = [f"# specgate {md_inline(config.get('run_id', ''))}: **{word}**", "", f"**{md_inline(verdict.headline)}**",
+             ""]
+    lines += [f"- {md_inline(r)}" for r in verdict.reasons] or ["- all gate checks passed"]
+    lines += ["", f"**Diagnosis:** {md_inline(results.diagnosis.headline)}", ""]
+    lines += [f"- {md_inline(e)}" for e in results.diagnosis.evidence] + ([""] if results.diagnosis.evidence else [])
     lines += [f"Gate: hard <= {t.max_hard}, drift <= {t.max_drift}, errors <= {t.max_errors}, soft <= "
               f"{100 * t.max_soft_rate:.1f}% of requests; drift = same tokens, log-prob drift > "
               f"{t.drift_tolerance:g}; soft = reference top-1/top-2 margin < {t.margin_threshold:g}, no drift "
               "before or at it.", ""]
     if (config.get("calibration") or {}).get("text"):
-        lines += [f"Calibration: {config['calibration']['text']}.", ""]
+        lines += [f"Calibration: {md_inline(config['calibration']['text'])}.", ""]
     lines += ["| requests | exact | drift | soft | hard | errors |", "|---|---|---|---|---|---|",
               f"| {verdict.requests} | {verdict.exact} | {verdict.drift} | {verdict.soft} | {verdict.hard} | "
               f"{verdict.errors} |", ""]
@@ -45,7 +48,7 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     if floor.max is not None:
         lines += [f"Noise floor: requests that restored nothing ({floor.requests}) drift by at most "
                   f"{floor.max:.3g} (tolerance {floor.tolerance:g}).", ""]
-    lines += [f"Warning: {w}" for w in results.warnings]
+    lines += [f"Warning: {md_inline(w)}" for w in results.warnings]
     linked = df[df["restored_verify_crossed"]] if len(df) else df
     if len(linked):
         flagged = int(linked["class"].isin(["hard", "drift"]).sum())
@@ -74,7 +77,7 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     bad = df[df["class"].isin(["hard", "drift", "error"])].head(10) if len(df) else df
     if len(bad):
         lines += ["## First failing requests", ""]
-        lines += [f"- {code_span(str(r['key']))}: {case_text(r)}" for r in bad.to_dict("records")]
+        lines += [f"- {code_span(str(r['key']))}: {md_inline(case_text(r))}" for r in bad.to_dict("records")]
         lines.append("")
     lines += incidents_markdown(config, results.records)
     lines.append(f"Full report: `{report_path}`")

@@ -14,6 +14,7 @@ from protocol.boundaries import nearest_boundary_offset
 from records.schema import CACHE_COUNTERS
 from reports.analyze import REQUEST_COLUMNS, crossings_json
 from reports.coverage import cells, cells_reached, coverage_table
+from reports.escape import csv_cell
 from reports.oracle import CLASSES, FLAGGED
 
 # Boundary kinds, in report order (docs/reports.md says what offset and commit_len mean for each).
@@ -174,5 +175,12 @@ def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None
     tables = {"requests": requests_table(df), "boundaries": boundaries_table(df),
               "configs": configs_table(df, stats), "coverage": coverage_table(df)}
     for name, table in tables.items():
-        table.to_csv(run_dir / f"{name}.csv", index=False, float_format="%.6g")
+        csv_safe(table).to_csv(run_dir / f"{name}.csv", index=False, float_format="%.6g")
     return tables
+
+
+def csv_safe(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with text cells that a spreadsheet would run as formulas quoted (reports/escape.py); pandas
+    quotes separators, quotes and line breaks itself."""
+    text = [c for c in table.columns if table[c].dtype == object or pd.api.types.is_string_dtype(table[c])]
+    return table.assign(**{c: table[c].map(csv_cell) for c in text}) if text else table
