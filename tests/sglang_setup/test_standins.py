@@ -79,20 +79,26 @@ def test_sgl_kernel_standin_has_only_cpu_names_and_they_raise():
             gpu_import = "imported"
         except ImportError:
             gpu_import = "ImportError"
+        from sgl_kernel.mamba import causal_conv1d_fn_cpu
+        try:
+            causal_conv1d_fn_cpu(torch.zeros(1))
+            mamba_call = "returned"
+        except NotImplementedError:
+            mamba_call = "NotImplementedError"
         ops = torch.ops.sgl_kernel
         try:
             ops.rmsnorm_cpu.default(torch.zeros(1))
             op_call = "returned"
         except NotImplementedError:
             op_call = "NotImplementedError"
-        print(json.dumps({"called": called, "gpu_import": gpu_import, "op_call": op_call,
+        print(json.dumps({"called": called, "gpu_import": gpu_import, "op_call": op_call, "mamba_call": mamba_call,
                           "probes": [hasattr(ops, n) for n in ("convert_weight_packed", "gdn_attention",
                                                                "shm_allreduce", "rmsnorm_cpu", "__wrapped__")],
                           "version": sgl_kernel.VERSION, "file": sgl_kernel.__file__}))
     """)
     assert out["called"].startswith("sgl_kernel.copy_all_layer_kv_cache_cpu was called, but this sgl_kernel is "
                                     "specgate's import stand-in")
-    assert out["gpu_import"] == "ImportError" and out["op_call"] == "NotImplementedError"
+    assert out["gpu_import"] == "ImportError" and out["op_call"] == out["mamba_call"] == "NotImplementedError"
     assert out["probes"] == [False, False, False, True, False]
     assert out["version"] == "0.0.0" and out["file"].startswith(str(venv.STANDINS))
 

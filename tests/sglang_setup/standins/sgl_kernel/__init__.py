@@ -7,7 +7,8 @@ GPU ops only (shared/reference/sglang-cpu.md). A tiny Llama served with `--atten
 calls none of these ops, so their names are all SGLang needs to start.
 
 What it does:
-- `from sgl_kernel import NAME_cpu` gives a function that raises NotImplementedError when called; any other
+- `from sgl_kernel import NAME_cpu` (and `from sgl_kernel.mamba import NAME_cpu`, where the hybrid models' conv
+  and gated-delta-rule kernels live) gives a function that raises NotImplementedError when called; any other
   name is an ImportError, as for a kernel package built without it.
 - `torch.ops.sgl_kernel` becomes a namespace that answers only `*_cpu` names (the same raising functions), so
   SGLang's `hasattr(torch.ops.sgl_kernel, "convert_weight_packed")`-style probes for GPU or AMX ops stay
