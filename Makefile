@@ -1,5 +1,5 @@
-# Two entry points that work on a fresh machine: `make run` and `make test`; a third, optional one,
-# `make vllm`, builds vLLM's CPU build in its own venv (.venv-vllm) for `--engine vllm` and its CI test.
+# Two entry points that work on a fresh machine: `make run` and `make test`; two optional ones build a real
+# engine's CPU build in its own venv for its CI tests: `make vllm` (.venv-vllm), `make sglang` (.venv-sglang).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,12 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_VERSION ?= 0.32.0
 
-.PHONY: run test lint venv clean vllm
+SGLANG_VERSION ?= 0.5.23
+SGLANG_VENV ?= .venv-sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_SETUP := tests/sglang_setup
+
+.PHONY: run test lint venv clean vllm sglang
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +39,32 @@ $(VLLM_STAMP):
 
 vllm: $(VLLM_STAMP)
 
+# SGLang on CPU (shared/reference/sglang-cpu.md): its wheel pins a CUDA torch and ~40 GPU packages, so it
+# is installed in parts: the CPU torch; the stand-ins for the two modules its CPU path imports but cannot
+# have here (before the dependencies, so that pip counts timm's torchvision as met); its runtime
+# dependencies by name, read from the wheel's Requires-Dist minus the GPU-only ones, with torch held at
+# the CPU wheel; the wheel with --no-deps; a check that the server module imports. The stamp holds the
+# version. Another version beside it: `make sglang SGLANG_VERSION=0.5.19 SGLANG_VENV=.venv-sglang-0.5.19`.
+$(SGLANG_STAMP):
+	test -x $(SGLANG_VENV)/bin/python || $(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q torch==2.13.0
+	rm -rf $(SGLANG_VENV)/wheel
+	$(SGLANG_VENV)/bin/pip download -q --no-deps sglang==$(SGLANG_VERSION) -d $(SGLANG_VENV)/wheel
+	$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py standins
+	$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py requirements $(SGLANG_VENV)/wheel/sglang-*.whl \
+		> $(SGLANG_VENV)/requirements-cpu.txt
+	$(SGLANG_VENV)/bin/pip install -q -r $(SGLANG_VENV)/requirements-cpu.txt -c $(SGLANG_SETUP)/constraints.txt
+	$(SGLANG_VENV)/bin/pip install -q --no-deps $(SGLANG_VENV)/wheel/sglang-*.whl
+	rm -rf $(SGLANG_VENV)/wheel
+	$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py check $(SGLANG_VERSION)
+	echo $(SGLANG_VERSION) > $(SGLANG_STAMP)
+
+sglang: $(SGLANG_STAMP)
+	@test "$$(cat $(SGLANG_STAMP))" = "$(SGLANG_VERSION)" || { echo "$(SGLANG_VENV) holds SGLang \
+	$$(cat $(SGLANG_STAMP)), not $(SGLANG_VERSION): rm -rf $(SGLANG_VENV), or build it elsewhere with \
+	SGLANG_VENV=.venv-sglang-$(SGLANG_VERSION)" >&2; exit 1; }
+
 run: $(STAMP)
 	$(BIN)/python -m harness.run $(ARGS)
 
@@ -44,4 +75,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .venv-sglang* .pytest_cache
