@@ -11,7 +11,8 @@ requests get 503 and the process exits 3, so that its supervisor restarts it.
 
 Secrets never need the command line: the API key can come from `--api-key-file`
 or the SPECGATE_API_KEY environment variable, and a `--tp-rendezvous` server
-reads the rank group's shared secret from SPECGATE_TP_SECRET.
+reads the rank group's shared secret from SPECGATE_TP_SECRET. A `--host` that is
+not a loopback address needs a key, or `--allow-unauthenticated` (exit 2 otherwise).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import signal
 import sys
 
 from engine.config import EngineConfig
-from engine.server.config import ServerConfig, build_parser, configs_from_args
+from engine.server.config import ServerConfig, build_parser, configs_from_args, is_loopback
 
 log = logging.getLogger("specgate.serve")
 
@@ -67,6 +68,19 @@ def resolve_api_key(server: ServerConfig, environ, parser: argparse.ArgumentPars
             parser.error(f"--api-key-file {server.api_key_file}: the first line is empty")
         return key
     return environ.get(API_KEY_ENV) or None
+
+
+def check_exposure(server: ServerConfig, api_key: str | None, parser: argparse.ArgumentParser) -> None:
+    """A server reachable from other machines needs an API key, or --allow-unauthenticated (then a warning)."""
+    if api_key or is_loopback(server.host):
+        return
+    if not server.allow_unauthenticated:
+        parser.error(f"--host {server.host} is not a loopback address and no API key is set, so anyone who can "
+                     f"reach it could generate: give a key (--api-key-file FILE, or the {API_KEY_ENV} environment "
+                     "variable, or --api-key KEY), or bind 127.0.0.1, or pass --allow-unauthenticated to serve it "
+                     "without a key anyway")
+    log.warning("serving --host %s without an API key (--allow-unauthenticated): anyone who can reach it can "
+                "generate", server.host)
 
 
 def connection_limit(wanted: int) -> int:
@@ -144,6 +158,7 @@ def main(argv: list[str] | None = None, environ=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, server = configs_from_args(args, parser)
     api_key = resolve_api_key(server, environ, parser)
+    check_exposure(server, api_key, parser)
     tp_secret = environ.get(TP_SECRET_ENV, "").encode() or None
     if server.tp_rendezvous and tp_secret is None:
         parser.error(f"--tp-rendezvous needs the rank group's shared secret in ${TP_SECRET_ENV} (the ranks "

@@ -8,7 +8,9 @@ inverse, used by the harness to start replicas with a given EngineConfig.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
+import socket
 from dataclasses import MISSING, dataclass, fields
 
 from engine.config import EngineConfig, setting
@@ -27,6 +29,9 @@ class ServerConfig:
                                   "environment variable)", "http server")
     api_key_file: str | None = setting(None, "read the API key from this file (first line; keep it mode 0600)",
                                        "http server")
+    allow_unauthenticated: bool = setting(False, "serve a --host that is not a loopback address without an API key "
+                                          "(anyone who can reach it may generate); without this flag such a "
+                                          "server refuses to start", "http server")
     max_body_bytes: int = setting(1 << 20, "largest accepted request body; larger ones get 413", "http server")
     shutdown_timeout: float = setting(10.0, "on SIGTERM, seconds in-flight requests may run before they are "
                                       "aborted", "http server")
@@ -44,6 +49,29 @@ class ServerConfig:
     tp_rendezvous: str | None = setting(
         None, "with --tp-size N: do not start ranks 1..N-1 here; listen on HOST:PORT for rank workers started "
         "elsewhere (the harness's Ray rank actors); the server exits if a rank dies", "tensor parallelism")
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address `host` names is a loopback one (localhost, 127.0.0.0/8, ::1).
+
+    A name is resolved; one that does not resolve, and the empty host (every interface), are not loopback.
+    """
+    name = host.strip().removeprefix("[").removesuffix("]")
+    if not name:
+        return False
+    try:
+        addrs = [ipaddress.ip_address(name)]
+    except ValueError:
+        if name.lower() == "localhost":
+            return True
+        try:
+            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return False
+        addrs = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    # an IPv4-mapped IPv6 address (::ffff:127.0.0.1) is as loopback as the IPv4 address it maps
+    addrs = [(a.ipv4_mapped or a) if isinstance(a, ipaddress.IPv6Address) else a for a in addrs]
+    return bool(addrs) and all(a.is_loopback for a in addrs)
 
 
 def _port(value: str) -> int:
