@@ -36,8 +36,9 @@ valid_generate = st.fixed_dictionaries(
     {"sampling_params": valid_sampling},
     optional={"rid": st.uuids().map(str), "return_logprob": st.booleans(), "top_logprobs_num": st.integers(0, 5),
               "logprob_start_len": st.just(-1), "stream": st.booleans(), "return_text_in_logprobs": st.booleans()},
-).flatmap(lambda body: st.one_of(st.text(min_size=1, max_size=40).map(lambda t: dict(body, text=t)),
-                                 token_ids.map(lambda ids: dict(body, input_ids=ids))))
+).map(lambda b: b if b.get("return_logprob") or not b.get("top_logprobs_num") else dict(b, return_logprob=True)
+      ).flatmap(lambda body: st.one_of(st.text(min_size=1, max_size=40).map(lambda t: dict(body, text=t)),
+                                       token_ids.map(lambda ids: dict(body, input_ids=ids))))
 valid_completion = st.fixed_dictionaries(
     {"prompt": st.one_of(st.text(min_size=1, max_size=40), token_ids), "max_tokens": st.integers(0, 4)},
     optional={"model": st.text(max_size=8), "temperature": st.floats(0, 2), "logprobs": st.integers(0, 5),
