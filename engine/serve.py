@@ -84,7 +84,10 @@ def check_exposure(server: ServerConfig, api_key: str | None, parser: argparse.A
 
 
 def connection_limit(wanted: int) -> int:
-    """`wanted`, lowered so that open connections can never exhaust the process's open-file limit."""
+    """`wanted`, lowered so that open connections (the cap and the overflow reserve that keeps /health answering,
+    engine/server/limits.py) can never exhaust the process's open-file limit."""
+    from engine.server.limits import OVERFLOW_RESERVE
+
     try:
         import resource
 
@@ -93,15 +96,15 @@ def connection_limit(wanted: int) -> int:
         return wanted
     if soft == resource.RLIM_INFINITY:
         return wanted
-    return max(8, min(wanted, soft - 64))
+    return max(8, min(wanted, soft - 64 - OVERFLOW_RESERVE))
 
 
 async def serve(engine, server: ServerConfig, api_key: str | None = None) -> int:
     """Serve until SIGTERM/SIGINT (then drain, 0) or until the engine dies (then 3); return the exit status."""
     from aiohttp import web
 
-    from engine.server.app import drain, make_app
-    from engine.server.limits import cap_connections, compact_bad_request_logs
+    from engine.server.app import drain, health_answer, make_app
+    from engine.server.limits import CappedSite, compact_bad_request_logs
     from engine.server.state import STATE
 
     app = make_app(engine, api_key=api_key, max_body_bytes=server.max_body_bytes,
@@ -113,10 +116,9 @@ async def serve(engine, server: ServerConfig, api_key: str | None = None) -> int
     limit = connection_limit(server.max_connections)
     if limit < server.max_connections:
         log.warning("--max-connections lowered to %d (the open-file limit)", limit)
-    cap_connections(runner.server, limit)
     compact_bad_request_logs()
     try:
-        await web.TCPSite(runner, server.host, server.port).start()
+        await CappedSite(runner, server.host, server.port, limit, lambda: health_answer(app[STATE])).start()
     except OSError as e:
         print(f"error: cannot listen on {server.host}:{server.port}: {e}", file=sys.stderr)
         await runner.cleanup()

@@ -109,14 +109,19 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         return web.json_response(generate_answer(out, call, time.perf_counter() - t0, state.speculative))
 
 
-async def handle_health(request: web.Request) -> web.Response:
-    state = state_of(request)
+def health_answer(state: ServerState) -> tuple[int, dict]:
+    """(status, body) of GET /health; also what connections past --max-connections get (limits.py)."""
     if state.draining:
-        return web.json_response({"status": "draining", "error": {"message": "server: shutting down"}}, status=503)
+        return 503, {"status": "draining", "error": {"message": "server: shutting down"}}
     problem = state.engine.health_problem()
     if problem is not None:
-        return web.json_response({"status": "error", "error": {"message": f"engine: {problem}"}}, status=503)
-    return web.json_response({"status": "ok"})
+        return 503, {"status": "error", "error": {"message": f"engine: {problem}"}}
+    return 200, {"status": "ok"}
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    status, body = health_answer(state_of(request))
+    return web.json_response(body, status=status)
 
 
 async def handle_server_info(request: web.Request) -> web.Response:

@@ -39,8 +39,9 @@ class ServerConfig:
                                        "request yet) stays open", "http server")
     client_timeout: float = setting(60.0, "seconds a client may take to send its request body, or to take one "
                                     "streamed chunk, before it is treated as gone", "http server")
-    max_connections: int = setting(512, "open connections at most (lowered to the open-file limit minus 64); "
-                                   "more are answered 503 and closed", "http server")
+    max_connections: int = setting(512, "connections served at once (lowered to fit the open-file limit); past "
+                                   "it GET /health is still answered, other requests get 503 and are closed",
+                                   "http server")
     heartbeat_timeout: float = setting(5.0, "/health answers 503 once the engine loop has shown no sign of life "
                                        "for this many seconds", "liveness")
     watchdog_timeout: float = setting(60.0, "the server fails its requests and exits (status 3) once the engine "
