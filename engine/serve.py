@@ -108,7 +108,7 @@ async def serve(engine, server: ServerConfig, api_key: str | None = None) -> int
     from engine.server.state import STATE
 
     app = make_app(engine, api_key=api_key, max_body_bytes=server.max_body_bytes,
-                   client_timeout=server.client_timeout)
+                   served_model_name=server.served_model_name, client_timeout=server.client_timeout)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts its request
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0,
                            keepalive_timeout=server.keepalive_timeout)

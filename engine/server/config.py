@@ -24,6 +24,10 @@ class ServerConfig:
 
     host: str = setting("127.0.0.1", "address to bind (0.0.0.0 exposes it to the network)", "http server")
     port: int = setting(30000, "port to bind (0: any free port, printed)", "http server")
+    served_model_name: str | None = setting(None, "the model id /v1/models lists and answers carry (default: the "
+                                            "weights directory's absolute path, as vLLM's, where tools find "
+                                            "tokenizer.json; for random weights the byte tokenizer's directory)",
+                                            "http server")
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every endpoint except /health "
                                   "(visible in the process list: prefer --api-key-file or the SPECGATE_API_KEY "
                                   "environment variable)", "http server")
@@ -124,7 +128,7 @@ PARSERS = {"port": _port, "shutdown_timeout": _non_negative_float, "max_body_byt
            "inject_fault": _fault, "keepalive_timeout": _positive_float, "client_timeout": _positive_float,
            "max_connections": _positive_int, "heartbeat_timeout": _positive_float,
            "watchdog_timeout": _positive_float, "test_loop_fault": _loop_fault}
-METAVARS = {"inject_fault": "NAME", "tp_rendezvous": "HOST:PORT", "api_key_file": "FILE",
+METAVARS = {"inject_fault": "NAME", "served_model_name": "NAME", "tp_rendezvous": "HOST:PORT", "api_key_file": "FILE",
             "test_loop_fault": "raise-after:N|hang-after:N"}
 # test aids left out of --help (documented in docs/server.md, "Test aids")
 HIDDEN = {"test_loop_fault"}

@@ -148,7 +148,7 @@ def test_generate_rejects(app, raw, status, field):
 
 
 def comp(**kw) -> bytes:
-    body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+    body = {"model": "random-tiny", "prompt": "hi", "max_tokens": 1}
     body.update(kw)
     return json.dumps({k: v for k, v in body.items() if v is not ...}).encode()
 
