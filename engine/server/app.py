@@ -156,14 +156,25 @@ async def handle_model_info(request: web.Request) -> web.Response:
     })
 
 
-async def handle_flush_cache(request: web.Request) -> web.Response:
+async def flush(request: web.Request, busy_status: int) -> web.Response:
+    """Flush the prefix cache; `busy_status` while any request runs or waits."""
     state = state_of(request)
-    busy = "flush_cache: requests are running; the cache is flushed only when the server is idle"
+    name = request.path.lstrip("/")
+    busy = f"{name}: requests are running; the cache is flushed only when the server is idle"
     if state.inflight or state.engine.num_active():
-        raise ApiError(400, busy)
+        raise ApiError(busy_status, busy)
     if not await state.engine_call(state.engine.flush_cache):
-        raise ApiError(400, busy)
+        raise ApiError(busy_status, busy)
     return web.json_response({"status": "ok", "message": "Cache flushed."})
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    return await flush(request, 400)  # SGLang's status for a busy server
+
+
+async def handle_reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's name for it (AIPerf's --reset-kv-cache); busy is a 409, which AIPerf retries."""
+    return await flush(request, 409)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -198,8 +209,8 @@ def make_app(async_engine, api_key: str | None = None, max_body_bytes: int = DEF
     app.router.add_get("/get_model_info", handle_model_info)
     app.router.add_route("POST", "/flush_cache", handle_flush_cache)
     app.router.add_get("/flush_cache", handle_flush_cache)
-    app.router.add_route("POST", "/reset_prefix_cache", handle_flush_cache)  # vLLM's name (AIPerf calls it)
-    app.router.add_get("/reset_prefix_cache", handle_flush_cache)
+    app.router.add_route("POST", "/reset_prefix_cache", handle_reset_prefix_cache)
+    app.router.add_get("/reset_prefix_cache", handle_reset_prefix_cache)
     app.router.add_get("/metrics", handle_metrics)
     add_openai_routes(app)
     return app

@@ -20,6 +20,7 @@ from engine.server.validate import ApiError
 from protocol import byte_export
 from protocol.hf_tokenizer import load_tokenizer
 from protocol.tokenizer import BYTE_TOKENIZER_DIR
+from tests.engine.server.client import open_stream
 
 BYTE_DIR = str(BYTE_TOKENIZER_DIR)
 TINY = EngineConfig(model_path="random", model_preset="tiny")
@@ -107,6 +108,16 @@ def test_reset_prefix_cache_is_flush_cache(server):
     for method in ("POST", "GET"):
         r = server.call(method, "/reset_prefix_cache")
         assert (r.status, r.json()) == (200, {"status": "ok", "message": "Cache flushed."})
+    conn, _resp, _first = open_stream(server, "/generate", {
+        "input_ids": [1, 2, 3], "stream": True, "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}})
+    try:  # busy: 409 (AIPerf retries it) where /flush_cache answers SGLang's 400
+        r = server.call("POST", "/reset_prefix_cache")
+        assert r.status == 409 and r.json()["error"]["message"] == (
+            "reset_prefix_cache: requests are running; the cache is flushed only when the server is idle")
+        assert server.call("POST", "/flush_cache").status == 400
+    finally:
+        conn.close()
+    server.wait_idle()
 
 
 def test_speculation_metrics_under_vllm_and_sglang_names(server):
