@@ -53,6 +53,7 @@ class OutputProcessorMixin:
             r.out.spec_verify_ct += 1
             r.out.spec_trace.append((res.pre_len, res.commit_len, res.tracked_step))
             self.counters["verify_steps"] += 1
+            self.counters["accepted_tokens"] += res.commit_len - 1  # drafts the target agreed with (no bonus)
         return True
 
     def _mamba_prefix_cache_update(self, r: Req, pre: int, post: int) -> None:

@@ -54,7 +54,7 @@ class Scheduler(OutputProcessorMixin):
         self.running: list[Req] = []
         self.running_batch = DecodeBatch()
         self.counters = dict(requests=0, prompt_tokens=0, generation_tokens=0, cached_tokens=0, verify_steps=0,
-                             finished=0, aborted=0)
+                             accepted_tokens=0, finished=0, aborted=0)
 
     # --- admission ----------------------------------------------------------
     def pages_needed(self, req: GenerateRequest) -> int:

@@ -11,7 +11,8 @@ requests get 503 and the process exits 3, so that its supervisor restarts it.
 
 Secrets never need the command line: the API key can come from `--api-key-file`
 or the SPECGATE_API_KEY environment variable, and a `--tp-rendezvous` server
-reads the rank group's shared secret from SPECGATE_TP_SECRET.
+reads the rank group's shared secret from SPECGATE_TP_SECRET. A `--host` that is
+not a loopback address needs a key, or `--allow-unauthenticated` (exit 2 otherwise).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import signal
 import sys
 
 from engine.config import EngineConfig
-from engine.server.config import ServerConfig, build_parser, configs_from_args
+from engine.server.config import ServerConfig, build_parser, configs_from_args, is_loopback
 
 log = logging.getLogger("specgate.serve")
 
@@ -69,8 +70,24 @@ def resolve_api_key(server: ServerConfig, environ, parser: argparse.ArgumentPars
     return environ.get(API_KEY_ENV) or None
 
 
+def check_exposure(server: ServerConfig, api_key: str | None, parser: argparse.ArgumentParser) -> None:
+    """A server reachable from other machines needs an API key, or --allow-unauthenticated (then a warning)."""
+    if api_key or is_loopback(server.host):
+        return
+    if not server.allow_unauthenticated:
+        parser.error(f"--host {server.host} is not a loopback address and no API key is set, so anyone who can "
+                     f"reach it could generate: give a key (--api-key-file FILE, or the {API_KEY_ENV} environment "
+                     "variable, or --api-key KEY), or bind 127.0.0.1, or pass --allow-unauthenticated to serve it "
+                     "without a key anyway")
+    log.warning("serving --host %s without an API key (--allow-unauthenticated): anyone who can reach it can "
+                "generate", server.host)
+
+
 def connection_limit(wanted: int) -> int:
-    """`wanted`, lowered so that open connections can never exhaust the process's open-file limit."""
+    """`wanted`, lowered so that open connections (the cap and the overflow reserve that keeps /health answering,
+    engine/server/limits.py) can never exhaust the process's open-file limit."""
+    from engine.server.limits import OVERFLOW_RESERVE
+
     try:
         import resource
 
@@ -79,19 +96,19 @@ def connection_limit(wanted: int) -> int:
         return wanted
     if soft == resource.RLIM_INFINITY:
         return wanted
-    return max(8, min(wanted, soft - 64))
+    return max(8, min(wanted, soft - 64 - OVERFLOW_RESERVE))
 
 
 async def serve(engine, server: ServerConfig, api_key: str | None = None) -> int:
     """Serve until SIGTERM/SIGINT (then drain, 0) or until the engine dies (then 3); return the exit status."""
     from aiohttp import web
 
-    from engine.server.app import drain, make_app
-    from engine.server.limits import cap_connections, compact_bad_request_logs
+    from engine.server.app import drain, health_answer, make_app
+    from engine.server.limits import CappedSite, compact_bad_request_logs
     from engine.server.state import STATE
 
     app = make_app(engine, api_key=api_key, max_body_bytes=server.max_body_bytes,
-                   client_timeout=server.client_timeout)
+                   served_model_name=server.served_model_name, client_timeout=server.client_timeout)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts its request
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0,
                            keepalive_timeout=server.keepalive_timeout)
@@ -99,10 +116,9 @@ async def serve(engine, server: ServerConfig, api_key: str | None = None) -> int
     limit = connection_limit(server.max_connections)
     if limit < server.max_connections:
         log.warning("--max-connections lowered to %d (the open-file limit)", limit)
-    cap_connections(runner.server, limit)
     compact_bad_request_logs()
     try:
-        await web.TCPSite(runner, server.host, server.port).start()
+        await CappedSite(runner, server.host, server.port, limit, lambda: health_answer(app[STATE])).start()
     except OSError as e:
         print(f"error: cannot listen on {server.host}:{server.port}: {e}", file=sys.stderr)
         await runner.cleanup()
@@ -144,6 +160,7 @@ def main(argv: list[str] | None = None, environ=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg, server = configs_from_args(args, parser)
     api_key = resolve_api_key(server, environ, parser)
+    check_exposure(server, api_key, parser)
     tp_secret = environ.get(TP_SECRET_ENV, "").encode() or None
     if server.tp_rendezvous and tp_secret is None:
         parser.error(f"--tp-rendezvous needs the rank group's shared secret in ${TP_SECRET_ENV} (the ranks "

@@ -7,8 +7,9 @@
 Phase 1 trains the target on next-byte prediction over Python standard-library
 source (held-out files excluded, see training/data.py). Phase 2 distils the
 drafter from the frozen target's greedy continuations (training/drafter.py).
-Writes `config.json`, `model.safetensors` and `drafter.safetensors` (bfloat16)
-plus `training.json` (what was run and measured) to --out. See docs/training.md.
+Writes `config.json`, `model.safetensors` and `drafter.safetensors` (bfloat16),
+the byte tokenizer's `tokenizer.json` and `tokenizer_config.json`, plus
+`training.json` (what was run and measured) to --out. See docs/training.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.model.config import preset
 from engine.model.hybrid import HybridLM
 from engine.model.weights import load_full_state_dict, save_weights
 from engine.runner import DEFAULT_WEIGHTS
+from protocol import byte_export
 from training.data import load_corpus
 from training.drafter import (
     DrafterTrainConfig,
@@ -141,6 +143,7 @@ def run(args: argparse.Namespace) -> dict:
     # --- output ----------------------------------------------------------------
     save_weights(args.out, cfg, served, "model")
     save_weights(args.out, cfg, bf16_rounded(dt.drafter.state_dict()), "drafter")
+    byte_export.write(Path(args.out))  # tokenizer files: tools load the tokenizer from the model directory
     report["wall_seconds_this_run"] = round(time.monotonic() - started, 1)
     (Path(args.out) / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out} in {report['wall_seconds_this_run']:.0f}s")

@@ -18,6 +18,7 @@ import time
 from aiohttp import web
 
 from engine.server.format import GenerateStream, generate_answer, sse
+from engine.server.metrics import peer_spec_metrics
 from engine.server.metrics import render as render_metrics
 from engine.server.openai import add_openai_routes
 from engine.server.state import (
@@ -31,7 +32,6 @@ from engine.server.state import (
     stream_events,
 )
 from engine.server.validate import ApiError, parse_generate
-from protocol.tokenizer import BYTE_TOKENIZER_JSON
 
 log = logging.getLogger("specgate.server")
 
@@ -109,40 +109,46 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         return web.json_response(generate_answer(out, call, time.perf_counter() - t0, state.speculative))
 
 
-async def handle_health(request: web.Request) -> web.Response:
-    state = state_of(request)
+def health_answer(state: ServerState) -> tuple[int, dict]:
+    """(status, body) of GET /health; also what connections past --max-connections get (limits.py)."""
     if state.draining:
-        return web.json_response({"status": "draining", "error": {"message": "server: shutting down"}}, status=503)
+        return 503, {"status": "draining", "error": {"message": "server: shutting down"}}
     problem = state.engine.health_problem()
     if problem is not None:
-        return web.json_response({"status": "error", "error": {"message": f"engine: {problem}"}}, status=503)
-    return web.json_response({"status": "ok"})
+        return 503, {"status": "error", "error": {"message": f"engine: {problem}"}}
+    return 200, {"status": "ok"}
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    status, body = health_answer(state_of(request))
+    return web.json_response(body, status=status)
 
 
 async def handle_server_info(request: web.Request) -> web.Response:
     state = state_of(request)
     info = await state.engine_call(state.engine.server_info)
     info.update(
-        version=VERSION, served_model_name=state.model_name, api_key_required=bool(state.api_key),
+        version=VERSION, served_model_name=state.served.name, api_key_required=bool(state.api_key),
         max_body_bytes=state.max_body_bytes, draining=state.draining,
         incremental_streaming_output=True,  # streamed /generate chunks carry only what is new (format.py)
         # SGLang reports the running accept length here
         internal_states=[{"avg_spec_accept_length": info.get("avg_accept_length", 0.0)}],
-        **tokenizer_info(),
+        **tokenizer_info(state),
     )
     return web.json_response(info)
 
 
-def tokenizer_info() -> dict:
-    """The tokenizer keys of /server_info and /model_info: harnesses load the exported tokenizer.json from here."""
-    return {"tokenizer": "byte", "tokenizer_path": str(BYTE_TOKENIZER_JSON)}
+def tokenizer_info(state: ServerState) -> dict:
+    """The tokenizer keys of /server_info and /model_info: `tokenizer_path` is the directory holding tokenizer.json
+    and tokenizer_config.json (a tokenizer loader takes a directory, as SGLang's tokenizer_path is one)."""
+    return {"tokenizer": "byte", "tokenizer_path": state.served.tokenizer_dir}
 
 
 async def handle_model_info(request: web.Request) -> web.Response:
     state = state_of(request)
     cfg = state.cfg
     return web.json_response({
-        "model_path": cfg.model_path, "served_model_name": state.model_name, **tokenizer_info(),
+        "model_path": cfg.model_path, "served_model_name": state.served.name, **tokenizer_info(state),
         "is_generation": True, "model_type": "specgate-hybrid",
         "model_preset": cfg.model_preset if cfg.model_path == "random" else None,
         "vocab_size": state.limits.vocab_size, "max_context_length": state.limits.max_context,
@@ -150,14 +156,25 @@ async def handle_model_info(request: web.Request) -> web.Response:
     })
 
 
-async def handle_flush_cache(request: web.Request) -> web.Response:
+async def flush(request: web.Request, busy_status: int) -> web.Response:
+    """Flush the prefix cache; `busy_status` while any request runs or waits."""
     state = state_of(request)
-    busy = "flush_cache: requests are running; the cache is flushed only when the server is idle"
+    name = request.path.lstrip("/")
+    busy = f"{name}: requests are running; the cache is flushed only when the server is idle"
     if state.inflight or state.engine.num_active():
-        raise ApiError(400, busy)
+        raise ApiError(busy_status, busy)
     if not await state.engine_call(state.engine.flush_cache):
-        raise ApiError(400, busy)
+        raise ApiError(busy_status, busy)
     return web.json_response({"status": "ok", "message": "Cache flushed."})
+
+
+async def handle_flush_cache(request: web.Request) -> web.Response:
+    return await flush(request, 400)  # SGLang's status for a busy server
+
+
+async def handle_reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's name for it (AIPerf's --reset-kv-cache); busy is a 409, which AIPerf retries."""
+    return await flush(request, 409)
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
@@ -167,19 +184,23 @@ async def handle_metrics(request: web.Request) -> web.Response:
     stats = await state.engine_call(state.engine.stats) if healthy else {}
     server = {"inflight": len(state.inflight), "disconnects": state.disconnects,
               "healthy": int(healthy), "draining": int(state.draining)}
-    return web.Response(body=render_metrics(stats, server).encode(),
+    cfg = state.cfg
+    peer = peer_spec_metrics(stats, state.served.name, cfg.speculative_num_draft_tokens - 1) \
+        if state.speculative else []
+    return web.Response(body=render_metrics(stats, server, peer).encode(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 def make_app(async_engine, api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-             model_name: str | None = None, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> web.Application:
+             served_model_name: str | None = None, client_timeout: float = DEFAULT_CLIENT_TIMEOUT) -> web.Application:
     """The aiohttp application serving `async_engine` (an AsyncEngine).
 
-    `client_timeout`: seconds a client may take to send its body or to take one streamed chunk.
+    `served_model_name`: the model id (default: the weights directory, served_model.py). `client_timeout`: seconds
+    a client may take to send its body or to take one streamed chunk.
     """
     app = web.Application(middlewares=[errors_middleware, drain_middleware, auth_middleware],
                           client_max_size=max_body_bytes)
-    app[STATE] = ServerState(async_engine, api_key, max_body_bytes, model_name, client_timeout)
+    app[STATE] = ServerState(async_engine, api_key, max_body_bytes, served_model_name, client_timeout)
     app.router.add_post("/generate", handle_generate)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/server_info", handle_server_info)
@@ -188,6 +209,8 @@ def make_app(async_engine, api_key: str | None = None, max_body_bytes: int = DEF
     app.router.add_get("/get_model_info", handle_model_info)
     app.router.add_route("POST", "/flush_cache", handle_flush_cache)
     app.router.add_get("/flush_cache", handle_flush_cache)
+    app.router.add_route("POST", "/reset_prefix_cache", handle_reset_prefix_cache)
+    app.router.add_get("/reset_prefix_cache", handle_reset_prefix_cache)
     app.router.add_get("/metrics", handle_metrics)
     add_openai_routes(app)
     return app

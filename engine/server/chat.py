@@ -137,9 +137,10 @@ class ChatStream(DeltaStream):
 
 async def handle_chat(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
-    call, opts = parse_chat(await read_json(request), state.limits)
+    body = await read_json(request)
+    call, opts = parse_chat(body, state.limits)
     head = {"id": call.req.rid, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": state.model_name}
+            "model": state.served.answer_name(body.get("model"))}
     async with generation(request, call.req) as (first, agen):
         if call.stream:
             return await stream_events(request, first, agen, ChatStream(head, call, opts).events)

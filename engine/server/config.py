@@ -8,7 +8,9 @@ inverse, used by the harness to start replicas with a given EngineConfig.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
+import socket
 from dataclasses import MISSING, dataclass, fields
 
 from engine.config import EngineConfig, setting
@@ -22,11 +24,18 @@ class ServerConfig:
 
     host: str = setting("127.0.0.1", "address to bind (0.0.0.0 exposes it to the network)", "http server")
     port: int = setting(30000, "port to bind (0: any free port, printed)", "http server")
+    served_model_name: str | None = setting(None, "the model id /v1/models lists and answers carry (default: the "
+                                            "weights directory's absolute path, as vLLM's, where tools find "
+                                            "tokenizer.json; for random weights the byte tokenizer's directory)",
+                                            "http server")
     api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on every endpoint except /health "
                                   "(visible in the process list: prefer --api-key-file or the SPECGATE_API_KEY "
                                   "environment variable)", "http server")
     api_key_file: str | None = setting(None, "read the API key from this file (first line; keep it mode 0600)",
                                        "http server")
+    allow_unauthenticated: bool = setting(False, "serve a --host that is not a loopback address without an API key "
+                                          "(anyone who can reach it may generate); without this flag such a "
+                                          "server refuses to start", "http server")
     max_body_bytes: int = setting(1 << 20, "largest accepted request body; larger ones get 413", "http server")
     shutdown_timeout: float = setting(10.0, "on SIGTERM, seconds in-flight requests may run before they are "
                                       "aborted", "http server")
@@ -34,8 +43,9 @@ class ServerConfig:
                                        "request yet) stays open", "http server")
     client_timeout: float = setting(60.0, "seconds a client may take to send its request body, or to take one "
                                     "streamed chunk, before it is treated as gone", "http server")
-    max_connections: int = setting(512, "open connections at most (lowered to the open-file limit minus 64); "
-                                   "more are answered 503 and closed", "http server")
+    max_connections: int = setting(512, "connections served at once (lowered to fit the open-file limit); past "
+                                   "it GET /health is still answered, other requests get 503 and are closed",
+                                   "http server")
     heartbeat_timeout: float = setting(5.0, "/health answers 503 once the engine loop has shown no sign of life "
                                        "for this many seconds", "liveness")
     watchdog_timeout: float = setting(60.0, "the server fails its requests and exits (status 3) once the engine "
@@ -44,6 +54,29 @@ class ServerConfig:
     tp_rendezvous: str | None = setting(
         None, "with --tp-size N: do not start ranks 1..N-1 here; listen on HOST:PORT for rank workers started "
         "elsewhere (the harness's Ray rank actors); the server exits if a rank dies", "tensor parallelism")
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address `host` names is a loopback one (localhost, 127.0.0.0/8, ::1).
+
+    A name is resolved; one that does not resolve, and the empty host (every interface), are not loopback.
+    """
+    name = host.strip().removeprefix("[").removesuffix("]")
+    if not name:
+        return False
+    try:
+        addrs = [ipaddress.ip_address(name)]
+    except ValueError:
+        if name.lower() == "localhost":
+            return True
+        try:
+            infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return False
+        addrs = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    # an IPv4-mapped IPv6 address (::ffff:127.0.0.1) is as loopback as the IPv4 address it maps
+    addrs = [(a.ipv4_mapped or a) if isinstance(a, ipaddress.IPv6Address) else a for a in addrs]
+    return bool(addrs) and all(a.is_loopback for a in addrs)
 
 
 def _port(value: str) -> int:
@@ -95,7 +128,7 @@ PARSERS = {"port": _port, "shutdown_timeout": _non_negative_float, "max_body_byt
            "inject_fault": _fault, "keepalive_timeout": _positive_float, "client_timeout": _positive_float,
            "max_connections": _positive_int, "heartbeat_timeout": _positive_float,
            "watchdog_timeout": _positive_float, "test_loop_fault": _loop_fault}
-METAVARS = {"inject_fault": "NAME", "tp_rendezvous": "HOST:PORT", "api_key_file": "FILE",
+METAVARS = {"inject_fault": "NAME", "served_model_name": "NAME", "tp_rendezvous": "HOST:PORT", "api_key_file": "FILE",
             "test_loop_fault": "raise-after:N|hang-after:N"}
 # test aids left out of --help (documented in docs/server.md, "Test aids")
 HIDDEN = {"test_loop_fault"}

@@ -1,11 +1,12 @@
 """OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions (chat.py), GET /v1/models.
 
-One prompt and one choice per request. Which fields are honoured, accepted at a
-no-op value or ignored is in openai_params.py (and docs/server.md); anything
-else is a 400 naming the field. vLLM's answer extensions are supported:
-`return_token_ids` (prompt_token_ids and token_ids in the choice),
-`return_tokens_as_token_ids` (logprob tokens as "token_id:N") and
-`stream_options.continuous_usage_stats` (usage on every chunk).
+One prompt and one choice per request. `model` must be the served model id or
+one of its aliases (served_model.py): another name is a 404 naming the served
+one. Which fields are honoured, accepted at a no-op value or ignored is in
+openai_params.py (and docs/server.md); anything else is a 400 naming the field.
+vLLM's answer extensions are supported: `return_token_ids` (prompt_token_ids
+and token_ids in the choice), `return_tokens_as_token_ids` (logprob tokens as
+"token_id:N") and `stream_options.continuous_usage_stats` (usage on every chunk).
 """
 
 from __future__ import annotations
@@ -137,8 +138,10 @@ class CompletionStream(DeltaStream):
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
     state = state_of(request)
-    call, opts = parse_completion(await read_json(request), state.limits)
-    head = {"id": call.req.rid, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+    body = await read_json(request)
+    call, opts = parse_completion(body, state.limits)
+    head = {"id": call.req.rid, "object": "text_completion", "created": int(time.time()),
+            "model": state.served.answer_name(body.get("model"))}
     async with generation(request, call.req) as (first, agen):
         if call.stream:
             return await stream_events(request, first, agen, CompletionStream(head, call, opts).events)
@@ -152,9 +155,10 @@ async def handle_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_models(request: web.Request) -> web.Response:
+    """vLLM's model card: `root` is the directory a tool loads the tokenizer from (served_model.py)."""
     state = state_of(request)
-    model = {"id": state.model_name, "object": "model", "created": int(state.started), "owned_by": "specgate",
-             "root": state.cfg.model_path, "max_model_len": state.limits.max_context}
+    model = {"id": state.served.name, "object": "model", "created": int(state.started), "owned_by": "specgate",
+             "root": state.served.root, "parent": None, "max_model_len": state.limits.max_context}
     return web.json_response({"object": "list", "data": [model]})
 
 

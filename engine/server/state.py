@@ -20,6 +20,7 @@ from engine.io_struct import GenerateOutput, GenerateRequest
 from engine.scheduler import CapacityError
 from engine.server.async_engine import EngineDeadError
 from engine.server.format import SSE_DONE, sse
+from engine.server.served_model import served_model
 from engine.server.validate import ApiError, Limits, parse_body
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -32,15 +33,14 @@ class ClientGone(Exception):
 class ServerState:
     """Per-app state: the engine, its limits, requests in flight, shutdown flag."""
 
-    def __init__(self, engine, api_key: str | None, max_body_bytes: int, model_name: str | None = None,
+    def __init__(self, engine, api_key: str | None, max_body_bytes: int, served_model_name: str | None = None,
                  client_timeout: float = 60.0):
         self.engine = engine
         self.cfg = engine.cfg
         mc = engine.model_config
         self.limits = Limits(vocab_size=mc.vocab_size, max_context=mc.max_position_embeddings)
         self.speculative = self.cfg.speculative_algorithm != "NONE"
-        path = self.cfg.model_path
-        self.model_name = model_name or (f"random-{self.cfg.model_preset}" if path == "random" else path)
+        self.served = served_model(self.cfg, served_model_name)
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
         self.client_timeout = client_timeout

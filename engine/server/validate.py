@@ -271,13 +271,16 @@ def parse_generate(body: dict, limits: Limits) -> GenerateCall:
     params, skip_special, no_stop_trim = parse_sampling(sp, "sampling_params", limits, 128, default_temperature=1.0)
     return_logprob = get_bool(body, "return_logprob", "return_logprob", False)
     top_k = get_int(body, "top_logprobs_num", "top_logprobs_num", 0, lo=0, hi=limits.vocab_size)
+    if top_k and not return_logprob:  # SGLang would silently return none: say so instead
+        raise bad("top_logprobs_num", f"{top_k} without return_logprob: true; top log-probs come only with "
+                                      "return_logprob (set \"return_logprob\": true, or leave top_logprobs_num out)")
     # prompt logprobs are not computed: any start in -1..len(prompt) is accepted, output logprobs only
     get_int(body, "logprob_start_len", "logprob_start_len", -1, lo=-1, hi=len(ids))
     return GenerateCall(
         req=GenerateRequest(rid=check_rid(body.get("rid")), input_ids=ids, sampling=params,
-                            return_logprob=return_logprob, top_logprobs_num=top_k if return_logprob else 0),
+                            return_logprob=return_logprob, top_logprobs_num=top_k),
         stream=get_bool(body, "stream", "stream", False),
-        return_logprob=return_logprob, top_logprobs_num=top_k if return_logprob else 0,
+        return_logprob=return_logprob, top_logprobs_num=top_k,
         return_text_in_logprobs=get_bool(body, "return_text_in_logprobs", "return_text_in_logprobs", False),
         skip_special_tokens=skip_special, no_stop_trim=no_stop_trim,
     )

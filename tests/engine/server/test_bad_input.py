@@ -123,6 +123,8 @@ GENERATE_CASES = [
     ("top-logprobs-negative", gen(return_logprob=True, top_logprobs_num=-1), 400, "top_logprobs_num"),
     ("top-logprobs-over-vocab", gen(return_logprob=True, top_logprobs_num=1000), 400, "top_logprobs_num"),
     ("top-logprobs-bool", gen(return_logprob=True, top_logprobs_num=True), 400, "top_logprobs_num"),
+    ("top-logprobs-without-return-logprob", gen(top_logprobs_num=2), 400, "top_logprobs_num"),
+    ("top-logprobs-with-return-logprob-false", gen(return_logprob=False, top_logprobs_num=1), 400, "top_logprobs_num"),
     ("logprob-start-len", gen(logprob_start_len=-5), 400, "logprob_start_len"),
     ("stream-string", gen(stream="true"), 400, "stream"),
     ("rid-number", gen(rid=5), 400, "rid"),
@@ -146,7 +148,7 @@ def test_generate_rejects(app, raw, status, field):
 
 
 def comp(**kw) -> bytes:
-    body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+    body = {"model": "random-tiny", "prompt": "hi", "max_tokens": 1}
     body.update(kw)
     return json.dumps({k: v for k, v in body.items() if v is not ...}).encode()
 
@@ -211,6 +213,22 @@ def test_still_serving_after_bad_input(app):
     status, body = app.call("POST", "/generate", gen())
     assert status == 200 and body["meta_info"]["completion_tokens"] == 1
     assert sched.counters["requests"] == 1
+
+
+def test_top_logprobs_num_needs_return_logprob(app):
+    """docs/server.md: top_logprobs_num only with return_logprob. A 400 naming both, where SGLang would answer
+    without any top log-probs; its no-op value 0 (or null) stays accepted without return_logprob."""
+    status, body = app.call("POST", "/generate", gen(top_logprobs_num=2))
+    assert status == 400
+    assert body["error"]["message"] == ('top_logprobs_num: 2 without return_logprob: true; top log-probs come only '
+                                        'with return_logprob (set "return_logprob": true, or leave top_logprobs_num '
+                                        'out)')
+    for extra in ({"top_logprobs_num": 0}, {"top_logprobs_num": None},
+                  {"return_logprob": False, "top_logprobs_num": 0}):
+        status, body = app.call("POST", "/generate", gen(**extra))
+        assert status == 200 and "output_top_logprobs" not in body["meta_info"], (extra, body)
+    status, body = app.call("POST", "/generate", gen(return_logprob=True, top_logprobs_num=2))
+    assert status == 200 and [len(t) for t in body["meta_info"]["output_top_logprobs"]] == [2]
 
 
 # --- over HTTP, against the subprocess server -------------------------------------------------------

@@ -11,11 +11,15 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from protocol.tokenizer import BYTE_TOKENIZER_DIR
+
 pytestmark = pytest.mark.slow
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
+# the served id of random weights and its aliases (another name is a 404)
+MODELS = st.sampled_from([str(BYTE_TOKENIZER_DIR), "random", "random-tiny"])
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=12))
 junk = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
                     max_leaves=6)
@@ -36,11 +40,12 @@ valid_generate = st.fixed_dictionaries(
     {"sampling_params": valid_sampling},
     optional={"rid": st.uuids().map(str), "return_logprob": st.booleans(), "top_logprobs_num": st.integers(0, 5),
               "logprob_start_len": st.just(-1), "stream": st.booleans(), "return_text_in_logprobs": st.booleans()},
-).flatmap(lambda body: st.one_of(st.text(min_size=1, max_size=40).map(lambda t: dict(body, text=t)),
-                                 token_ids.map(lambda ids: dict(body, input_ids=ids))))
+).map(lambda b: b if b.get("return_logprob") or not b.get("top_logprobs_num") else dict(b, return_logprob=True)
+      ).flatmap(lambda body: st.one_of(st.text(min_size=1, max_size=40).map(lambda t: dict(body, text=t)),
+                                       token_ids.map(lambda ids: dict(body, input_ids=ids))))
 valid_completion = st.fixed_dictionaries(
     {"prompt": st.one_of(st.text(min_size=1, max_size=40), token_ids), "max_tokens": st.integers(0, 4)},
-    optional={"model": st.text(max_size=8), "temperature": st.floats(0, 2), "logprobs": st.integers(0, 5),
+    optional={"model": MODELS, "temperature": st.floats(0, 2), "logprobs": st.integers(0, 5),
               "stream": st.booleans(), "stop": st.text(min_size=1, max_size=3), "seed": st.integers(0, 10),
               "echo": st.just(False), "ignore_eos": st.booleans(), "n": st.just(1), "user": st.text(max_size=5)},
 ).map(lambda b: dict(b, stream_options={"include_usage": True}) if b.get("stream") else b)
@@ -50,7 +55,7 @@ chat_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "user",
                                       "content": st.one_of(st.text(max_size=20), text_parts)})
 valid_chat = st.fixed_dictionaries(
     {"messages": st.lists(chat_message, min_size=1, max_size=3), "max_completion_tokens": st.integers(0, 4)},
-    optional={"model": st.text(max_size=8), "temperature": st.floats(0, 2), "stream": st.booleans(),
+    optional={"model": MODELS, "temperature": st.floats(0, 2), "stream": st.booleans(),
               "logprobs": st.booleans(), "ignore_eos": st.booleans(), "min_tokens": st.integers(0, 0),
               "return_token_ids": st.booleans(), "seed": st.integers(0, 10), "nvext": st.just({"ignore_eos": True}),
               "chat_template_kwargs": st.just({"enable_thinking": False})},

@@ -110,5 +110,6 @@ def test_help_documents_every_flag(capsys):
                  "--speculative-algorithm", "--speculative-num-draft-tokens", "--drafter-mode", "--scripted-accept",
                  "--mamba-radix-cache-strategy", "--mamba-track-interval", "--page-size", "--disable-radix-cache",
                  "--max-running-requests", "--max-total-tokens", "--chunked-prefill-size", "--inject-fault",
-                 "--api-key", "--max-body-bytes", "--shutdown-timeout"):
+                 "--api-key", "--max-body-bytes", "--shutdown-timeout", "--served-model-name",
+                 "--allow-unauthenticated", "--max-connections"):
         assert flag in out, flag

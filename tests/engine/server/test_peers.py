@@ -8,11 +8,11 @@ from openai import BadRequestError, OpenAI
 from engine.server.chat import render_chat
 from protocol.byte_export import BYTE_CHAT_TEMPLATE
 from protocol.hf_tokenizer import load_tokenizer
-from protocol.tokenizer import BYTE_TOKENIZER, BYTE_TOKENIZER_JSON
+from protocol.tokenizer import BYTE_TOKENIZER, BYTE_TOKENIZER_DIR
 from tests.engine.server.client import API_KEY
 from tests.engine.server.peer_bodies import bodies
 
-MODEL = "random-tiny"
+MODEL = str(BYTE_TOKENIZER_DIR)  # the served id of random weights: where their tokenizer files are
 PROMPT = "def fibonacci(n):\n    "
 N = 6
 
@@ -168,7 +168,7 @@ def test_min_tokens_defers_stop_conditions(client):
 def test_server_info_names_the_exported_tokenizer(server):
     for path in ("/server_info", "/get_server_info", "/model_info"):
         info = server.call("GET", path).json()
-        assert info["tokenizer"] == "byte" and info["tokenizer_path"] == str(BYTE_TOKENIZER_JSON), path
+        assert info["tokenizer"] == "byte" and info["tokenizer_path"] == str(BYTE_TOKENIZER_DIR), path
     tok = load_tokenizer(server.call("GET", "/server_info").json()["tokenizer_path"])
     assert tok.name == "byte" and tok.vocab_size == 260
 
