@@ -25,8 +25,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 STARTUP_TIMEOUT = 900.0  # seconds to /health 200: ~3.5 min on a loaded 2-core machine
+# On CPU SGLang sizes its KV pool from the machine's free memory: budget = free-after-load minus
+# (1 - fraction) x free-before-load, so whatever else starts meanwhile (the other test server, pytest
+# workers) is charged against it. 0.05 failed in CI ("Loaded weights leave no GPU memory for the KV cache",
+# minimum 0.0542 on an 18.8 GB machine); a generous fraction with a small token cap keeps the pool tiny
+# (2 layers x 2 x 128 x 4 bytes per token: 32768 tokens = 64 MiB) and the start robust to neighbours.
 SERVER_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-                "--mem-fraction-static", "0.05")
+                "--mem-fraction-static", "0.3", "--max-total-tokens", "32768")
 
 
 def sglang_python() -> str:
