@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.backends import BACKENDS
-from harness.targets.base import Need, Target
+from harness.targets.base import CONTROLS, Need, Target
 from harness.targets.builtin import BuiltinTarget
 from harness.targets.endpoints import EndpointsTarget
 from harness.targets.vllm import VLLMTarget
@@ -51,12 +51,16 @@ def default_backend(engine: str) -> str | None:
 
 
 def validate_target(cfg: RunConfig, need: Need) -> None:
-    """--engine, --backend and --tokenizer, then the target's own settings; `need(ok, message)` raises the
-    ConfigError."""
+    """--engine, --backend and --tokenizer, the controls (CONTROLS) the target does not offer, then the target's own
+    settings; `need(ok, message)` raises the ConfigError."""
     need(cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}")
     need(cfg.engine in ENGINES, f"--engine must be one of {', '.join(ENGINES)}, got {cfg.engine!r}")
     path = cfg.tokenizer
     need(path is None or bool(path) and (not path.startswith((".", "/", "~")) and not path.endswith(".json")
                                          or Path(path).expanduser().exists()),
          f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
-    target_class(cfg).validate(cfg, need)
+    cls = target_class(cfg)
+    for name in CONTROLS:
+        offered_by = tuple(k for k, t in TARGETS.items() if t.managed and name in t.controls)
+        need(not getattr(cfg, name) or name in cls.controls, cls.refused(name, offered_by))
+    cls.validate(cfg, need)

@@ -74,7 +74,8 @@ def reported_settings(info: dict) -> Reported:
 
 class Target(ABC):
     """One kind of target. A subclass sets `key` (its registry name), `managed` (the harness starts its servers
-    under Ray) and `controls` (which of CONTROLS it offers), and implements the abstract methods."""
+    under Ray) and `controls` (which of CONTROLS it offers: the others are refused before `validate`, with
+    `refused`'s message), and implements the abstract methods."""
 
     key: ClassVar[str] = ""
     managed: ClassVar[bool] = True
@@ -92,15 +93,11 @@ class Target(ABC):
         """The target's own settings (RunConfig validates the rest); `need(ok, message)` raises."""
 
     @classmethod
-    def refused(cls, control: str) -> str:
-        """Why `--<control>` does not apply to this target (the ConfigError message)."""
-        return f"--{control.replace('_', '-')} does not apply to this target"
-
-    @classmethod
-    def refuse_controls(cls, cfg: RunConfig, need: Need, names: tuple[str, ...] = CONTROLS) -> None:
-        """Refuse each of `names` that is set and not among the target's controls."""
-        for name in names:
-            need(not getattr(cfg, name) or name in cls.controls, cls.refused(name))
+    def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
+        """Why `--<control>`, one of CONTROLS the target does not offer, is refused (the ConfigError message);
+        `offered_by`: the --engine values that offer it."""
+        where = f" (--engine {' or '.join(offered_by)} does)" if offered_by else ""
+        return f"--{control.replace('_', '-')} does not apply to this target{where}"
 
     # --- workload -------------------------------------------------------------------------------------------
     @abstractmethod

@@ -122,10 +122,10 @@ class BuiltinTarget(ManagedTarget):
     drift_tolerance = GateThresholds().drift_tolerance  # fp32 and deterministic: numerics are bit-identical
 
     @classmethod
-    def refused(cls, control: str) -> str:
+    def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
         if control == "calibrate":
-            return "--calibrate needs --engine vllm (the built-in engine's tolerance is measured)"
-        return super().refused(control)
+            return f"--calibrate needs --engine {' or '.join(offered_by)} (the built-in engine's tolerance is measured)"
+        return super().refused(control, offered_by)
 
     @classmethod
     def validate(cls, cfg: RunConfig, need: Need) -> None:
@@ -133,7 +133,6 @@ class BuiltinTarget(ManagedTarget):
         own suite) and the EngineConfig every candidate pool would be built with."""
         need(cfg.backend == "sglang", f"--backend {cfg.backend} drives already-running servers: give "
              "--endpoint and --reference-endpoint (built-in replicas speak sglang)")
-        cls.refuse_controls(cfg, need)
         need(not cfg.cover or cfg.suite == "frozen", f"--cover runs its own suite (cover); drop --suite {cfg.suite}")
         try:
             overrides = engine_overrides(cfg.candidate_args)

@@ -119,15 +119,14 @@ class EndpointsTarget(Target):
         self._backend: Backend | None = None  # the probes' findings (model names, capabilities) stay in it
 
     @classmethod
-    def refused(cls, control: str) -> str:
-        if control == "calibrate":
-            return "--calibrate needs --engine vllm (the built-in engine's tolerance is measured)"
+    def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
+        if control == "calibrate":  # a baseline pool is a server of its own, which only a started target has
+            return f"--calibrate needs --engine {' or '.join(offered_by)} (the built-in engine's tolerance is measured)"
         return f"--{control.replace('_', '-')} configures built-in replicas; it does not apply to --endpoint servers"
 
     @classmethod
     def validate(cls, cfg: RunConfig, need: Need) -> None:
-        """Nothing is started, so nothing that configures started servers applies."""
-        cls.refuse_controls(cfg, need)
+        """Nothing is started, so nothing that configures started servers applies (CONTROLS: none offered)."""
 
     def backend(self, api_key: str | None = None) -> Backend:
         """--backend with --api-key, --tokenizer and the flags' intervals and block size (for what a server does

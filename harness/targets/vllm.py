@@ -138,7 +138,7 @@ class VLLMTarget(ManagedTarget):
     default_backend = "openai"
 
     @classmethod
-    def refused(cls, control: str) -> str:
+    def refused(cls, control: str, offered_by: tuple[str, ...] = ()) -> str:
         return f"--{control.replace('_', '-')} applies to the built-in engine, not --engine vllm"
 
     @classmethod
@@ -153,7 +153,6 @@ class VLLMTarget(ManagedTarget):
              "`python -m harness.models build DIR --arch llama`)")
         for name in ("inject_fault", "page_size"):
             need(not getattr(cfg, name), cls.refused(name))
-        cls.refuse_controls(cfg, need)
         need(cfg.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
         try:
             check_args(cfg.candidate_args)
