@@ -27,9 +27,9 @@ from aiohttp import web
 
 from harness.config import RunConfig
 from harness.driver import Driver
-from harness.plan import candidate_engine, reference_engine
 from harness.pools import Pool, Replica
 from harness.progress import Progress
+from harness.targets.builtin import candidate_engine, reference_engine
 from records.jsonl import RecordFiles
 from workloads.schema import Session, Turn
 

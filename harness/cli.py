@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.backends import BACKENDS
 from harness.config import PLACEMENTS, ConfigError, RunConfig, flag, kind_of
-from harness.config_target import ENGINES
+from harness.targets import ENGINES, default_backend
 
 
 def _int(value):
@@ -146,8 +146,8 @@ def from_argv(argv: list[str] | None, environ: Mapping[str, str]) -> tuple[RunCo
     if "address" not in values and environ.get("RAY_ADDRESS"):
         values["address"] = environ["RAY_ADDRESS"]
     values.update({k: convert(k, v, "cli") for k, v in ns.items()})
-    if values.get("engine") == "vllm" and "backend" not in values:
-        values["backend"] = "openai"  # vLLM replicas speak the OpenAI API
+    if "engine" in values and "backend" not in values and default_backend(values["engine"]):
+        values["backend"] = default_backend(values["engine"])  # what its replicas speak (vLLM: the OpenAI API)
     for key in ("endpoint", "reference_endpoint"):
         if values.get(key):
             values[key] = tuple(u.rstrip("/") for u in values[key])

@@ -12,8 +12,9 @@ import shlex
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from harness.config_target import validate_target
-from harness.engine_args import COVER_ARGS, EngineArgsError, engine_overrides
+from harness.engine_args import COVER_ARGS
+from harness.errors import ConfigError
+from harness.targets import target_class, validate_target
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
@@ -28,10 +29,6 @@ RESUME_FIXED = ("suite", "num_requests", "seed", "intervals", "concurrency", "bl
 # edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
 NOT_FROM_RUN_DIR = ("server_command", "address")
 GATE = GateThresholds()  # the gate's defaults, defined once in reports/gate.py
-
-
-class ConfigError(ValueError):
-    """A setting is missing, malformed or inconsistent; the message names it."""
 
 
 def setting(default, kind: str, help: str):
@@ -140,8 +137,7 @@ class RunConfig:
         """The gate's thresholds for this run (the drift tolerance resolved per target)."""
         tolerance = self.drift_tolerance
         if tolerance is None:
-            tolerance = EXTERNAL_DRIFT_TOLERANCE if self.external or self.engine != "builtin" \
-                else GATE.drift_tolerance
+            tolerance = target_class(self).drift_tolerance
         return GateThresholds(max_hard=self.max_hard, max_errors=self.max_errors, max_soft_rate=self.max_soft_rate,
                               margin_threshold=self.margin_threshold, max_drift=self.max_drift,
                               drift_tolerance=tolerance)
@@ -224,36 +220,8 @@ def validate(c: RunConfig) -> None:
     need(not c.endpoint or c.reference_endpoint,
          "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
          "the same model, served without speculation and without radix cache")
-    if c.engine != "vllm":
-        _validate_candidates(c)
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
-
-
-def _validate_candidates(c: RunConfig) -> None:
-    """--candidate-args, --diagnose and --cover: built-in replicas only, and flags the engine accepts."""
-    for name in ("candidate_args", "diagnose", "cover"):
-        if getattr(c, name) and c.external:
-            raise ConfigError(f"{flag(name)} configures built-in replicas; it does not apply to --endpoint servers")
-    if c.cover and c.suite != "frozen":
-        raise ConfigError(f"--cover runs its own suite (cover); drop --suite {c.suite}")
-    try:
-        overrides = engine_overrides(c.candidate_args)
-    except EngineArgsError as e:
-        raise ConfigError(f"--candidate-args: {e}") from None
-    if c.cover and {"drafter_mode", "scripted_accept"} & set(overrides):
-        raise ConfigError("--candidate-args: --cover sets --drafter-mode scripted --scripted-accept -1 itself")
-    # The engine needs a working and two tracking slots per running request: fewer can never admit one.
-    if 0 < overrides.get("max_state_slots", 0) < 3:
-        raise ConfigError(f"--candidate-args: --max-state-slots {overrides['max_state_slots']} cannot hold one "
-                          "request (a working and two tracking slots); use >= 3 (or 0 for the default)")
-    if (overrides or c.cover) and not c.external:
-        from harness.plan import check_candidate_engines  # the plan builds the pools' EngineConfigs
-
-        try:
-            check_candidate_engines(c)
-        except EngineArgsError as e:
-            raise ConfigError(f"--candidate-args: {e}") from None
 
 
 def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path) -> RunConfig:

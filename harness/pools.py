@@ -7,7 +7,7 @@ for it for at most `--recover-timeout` seconds (not `--startup-timeout`: a repli
 that served once is expected back quickly), then gives the replica up. Every
 failure episode becomes an incident (records/incidents.py): which replica, what
 failed, its log and the first lines of the crash, recovered or not.
-Built-in replicas are started by `harness.ray_pools`; external endpoints are
+Replicas a target starts are started by `harness.ray_pools`; external endpoints are
 wrapped by `external_pools`.
 """
 
@@ -21,12 +21,9 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from harness.backends import Backend, ReplicaFailure, make_backend
+from harness.errors import HarnessError  # noqa: F401 - raised by the driver, which imports it from here
 from harness.plan import EngineSpec, Plan, PoolPlan
 from harness.replica import crash_excerpt
-
-
-class HarnessError(RuntimeError):
-    """The harness cannot go on (cluster, replicas, endpoints); exit status 2."""
 
 
 @dataclass

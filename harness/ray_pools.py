@@ -1,6 +1,7 @@
-"""Built-in replicas on Ray: one placement group per replica (`tp_size` bundles, bundle 0 = rank 0
-and its server), replicas spread round-robin over the cluster's nodes, Ray restarting a replica
-whose server dies (harness/replica.py) at most `--max-replica-restarts` times.
+"""Replicas on Ray: one placement group per replica (`tp_size` bundles, bundle 0 = rank 0 and its
+server), replicas spread round-robin over the cluster's nodes, Ray restarting a replica whose
+server dies (harness/replica.py) at most `--max-replica-restarts` times. What each pool's
+replicas run comes from its target (`launch`, harness/targets/managed.py).
 
 Replicas are not open to the network: they require a per-run random API key (unless `--api-key`
 gives one), which reaches them through Ray and their environment, never a command line; and they
@@ -14,11 +15,16 @@ import os
 import re
 import secrets
 import tempfile
-from dataclasses import asdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from harness.config import RunConfig
-from harness.plan import Plan, engine_config, server_args
-from harness.pools import HarnessError, Pool, Replica
+from harness.errors import HarnessError
+from harness.plan import Plan, PoolPlan
+from harness.pools import Pool, Replica
+
+if TYPE_CHECKING:
+    from harness.config import RunConfig
+    from harness.targets.managed import Launch
 
 
 def resolve_address(address: str | None) -> str | None:
@@ -54,13 +60,14 @@ def _startup_excerpt(err: BaseException) -> str:
 
 
 class RayPools:
-    """Built-in replicas on Ray: connect (or start a local Ray), place, start, and tear down."""
+    """Replicas on Ray: connect (or start a local Ray), place, start, and tear down."""
 
-    def __init__(self, cfg: RunConfig, plan: Plan, run_id: str, log_dir: str | None = None,
-                 backend=None) -> None:
-        """`log_dir`: where replicas write their logs (default a temporary directory of each node);
-        `backend`: how the pools are spoken to (default SGLang's API, the built-in engine's)."""
-        self.cfg, self.plan, self.run_id = cfg, plan, run_id
+    def __init__(self, cfg: RunConfig, plan: Plan, run_id: str, launch: Callable[[PoolPlan], Launch],
+                 log_dir: str | None = None, backend=None) -> None:
+        """`launch`: what a pool's replicas run (the target's); `log_dir`: where replicas write their logs
+        (default a temporary directory of each node); `backend`: how the pools are spoken to (default SGLang's
+        API, the built-in engine's)."""
+        self.cfg, self.plan, self.run_id, self.launch = cfg, plan, run_id, launch
         self.log_dir, self.backend = log_dir, backend
         self.started_ray = False
         self.actors: list = []
@@ -110,22 +117,9 @@ class RayPools:
         print(f"replicas listen on {'127.0.0.1 (single-node Ray)' if bind == 'loopback' else 'their node address'}"
               f", API key {'from --api-key' if self.cfg.api_key else 'drawn for this run'}")
         log_dir = self.log_dir or os.path.join(tempfile.gettempdir(), "specgate", self.run_id)
-        vllm = self.cfg.engine == "vllm"
-        command = self.cfg.server_command
-        if vllm:
-            from harness.vllm import ENTRYPOINT, find_python
-
-            command = command or (find_python(self.cfg.vllm_python), *ENTRYPOINT)
         specs = []
         for p in (*self.plan.candidates, self.plan.reference):
-            if vllm:
-                from harness.vllm.profile import make_pool
-                from harness.vllm.profile import server_args as vllm_args
-
-                args, engine_cfg = vllm_args(self.cfg.model_path, make_pool(p.name, p.role, p.engine.args)), None
-            else:
-                args = server_args(self.cfg, p.engine)
-                engine_cfg = asdict(engine_config(self.cfg, p.engine))
+            launch = self.launch(p)
             for r in range(p.replicas):
                 bundles = replica_bundles(self.cfg.tp_size)
                 kwargs = {}
@@ -133,7 +127,7 @@ class RayPools:
                     kwargs["_soft_target_node_id"] = nodes[len(specs) % len(nodes)]  # spread replicas
                 pg = placement_group(bundles, strategy=self.cfg.placement, **kwargs)
                 self.groups.append(pg)
-                specs.append((p, f"{p.name}-r{r}", args, pg, engine_cfg))
+                specs.append((p, f"{p.name}-r{r}", launch, pg))
         try:
             ray.get([spec[3].ready() for spec in specs], timeout=min(self.cfg.startup_timeout, 120))
         except ray.exceptions.GetTimeoutError:
@@ -141,11 +135,11 @@ class RayPools:
             raise HarnessError(f"placement groups not ready: {len(specs)} replica(s) need {need} CPU(s) "
                                f"({self.cfg.tp_size} per replica); the cluster has "
                                f"{ray.cluster_resources().get('CPU', 0):g}") from None
-        for p, rid, args, pg, engine_cfg in specs:
+        for p, rid, launch, pg in specs:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
             actor = actor_cls.options(scheduling_strategy=strategy).remote(
-                rid, args, command, os.getcwd(), self.cfg.startup_timeout, log_dir, engine_cfg,
-                self.api_key, bind, self.cfg.recover_timeout, "vllm" if vllm else "builtin",
+                rid, list(launch.args), launch.command, os.getcwd(), self.cfg.startup_timeout, log_dir,
+                launch.engine_cfg, self.api_key, bind, self.cfg.recover_timeout, launch.environment,
                 self.cfg.reference_nice if p.role == "reference" else 0)
             self.actors.append(actor)
         try:

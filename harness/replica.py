@@ -26,6 +26,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.rank_actor import RankActor
@@ -42,6 +44,25 @@ LOG_TAIL_BYTES = 3000
 EXCERPT_LINES = 25
 API_KEY_ENV = "SPECGATE_API_KEY"  # engine/serve.py reads these two
 TP_SECRET_ENV = "SPECGATE_TP_SECRET"
+
+
+@dataclass(frozen=True)
+class ServerSite:
+    """Where one replica's server runs: what a target's environment function may read."""
+
+    replica_id: str
+    host: str  # the address it listens on
+    log_dir: str
+    workdir: str | None  # the project tree on this node (the driver's working directory), if it exists here
+    api_key: str | None
+
+
+def project_environment(env: dict, site: ServerSite) -> dict:
+    """The built-in engine's environment: the project tree on PYTHONPATH (so `python -m engine.serve` imports the
+    same code as the driver)."""
+    if site.workdir:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [site.workdir, env.get("PYTHONPATH")]))
+    return env
 
 
 def free_port(host: str) -> int:
@@ -116,18 +137,19 @@ class ReplicaServer:
 
     def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
                  startup_timeout: float, log_dir: str, engine_cfg: dict | None = None, api_key: str | None = None,
-                 bind: str = "node", recover_timeout: float | None = None, profile: str = "builtin",
-                 nice: int = 0) -> None:
+                 bind: str = "node", recover_timeout: float | None = None,
+                 environment: Callable[[dict, ServerSite], dict] | None = None, nice: int = 0) -> None:
         """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it).
         `bind`: "loopback" (the cluster is this node) or "node" (listen on the node's address).
         `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`);
-        `profile`: "builtin" (engine.serve) or "vllm" (its environment: harness/vllm/__init__.py);
+        `environment`: the target's function from the inherited environment to the server's (default
+        `project_environment`; e.g. vLLM's own venv and cache, harness/targets/vllm.py);
         `nice`: added to the server's niceness (Linux; the reference pool's --reference-nice)."""
         import ray
 
         ctx = ray.get_runtime_context()
         self.replica_id = replica_id
-        self.profile, self.log_dir = profile, log_dir
+        self.environment, self.log_dir = environment or project_environment, log_dir
         self.node_id = ctx.get_node_id()
         self.node_ip = ray.util.get_node_ip_address()
         self.host = "127.0.0.1" if bind == "loopback" else self.node_ip
@@ -177,12 +199,7 @@ class ReplicaServer:
             env[API_KEY_ENV] = self.api_key
         env[TP_SECRET_ENV] = self.tp_secret
         env["SPECGATE_NICE"] = str(self.nice)  # the launcher applies it
-        if self.profile == "vllm":  # its own venv: never this project's packages on its path
-            from harness.vllm import server_env
-            env.pop("PYTHONPATH", None)
-            env.update(server_env(str(Path(self.log_dir) / f"{self.replica_id}-cache"), self.api_key, self.host))
-        elif self.workdir:
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [self.workdir, env.get("PYTHONPATH")]))
+        env = self.environment(env, ServerSite(self.replica_id, self.host, self.log_dir, self.workdir, self.api_key))
 
         def watchdog() -> None:
             launch = cmd

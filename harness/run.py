@@ -20,17 +20,17 @@ from pathlib import Path
 
 import aiohttp
 
-from harness.backends import Backend, ReplicaFailure, RequestError, make_backend, narrowed
+from harness.backends import RequestError
 from harness.backends.metrics import counter_report, snapshot
 from harness.cli import from_argv
 from harness.config import ConfigError, RunConfig, for_resume
 from harness.driver import Driver
-from harness.plan import Plan, builtin_plan, external_plan
-from harness.pools import HarnessError, Pool, external_pools
+from harness.errors import HarnessError
+from harness.plan import Plan
+from harness.pools import Pool
 from harness.progress import Progress
-from harness.ray_pools import RayPools
+from harness.targets import Target, make_target
 from harness.workload import describe as describe_workload
-from harness.workload import load_sessions, target_of
 from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles, load_run
 from records.rundir import create_run_dir, load_config, new_run_id, update_latest, write_json
@@ -41,52 +41,19 @@ from reports.render import render_run
 EXIT_INTERRUPTED = 130  # Ctrl-C; the run can be finished with --resume
 
 
-def vllm_workload(cfg: RunConfig) -> tuple[list, str, object]:
-    """An --engine vllm run's (sessions, the plan's workload line, tokenizer), in the --model directory's tokenizer
-    (no sessions for --suite vllm-boundary: derived from each server's reported block once it is up,
-    harness/vllm/workload.py)."""
-    target = target_of(cfg, {})
-    sessions, left_out = load_sessions(cfg, target)
-    return sessions, describe_workload(cfg, target, left_out), target.tokenizer
+def make_plan(target: Target, sessions: list | None = None, probe: bool = True) -> tuple[Plan, dict[str, dict]]:
+    """The run plan and the server infos learned before anything is written (already-running servers are probed
+    now; with `probe`, one short request each), the sessions built for what the target runs (`sessions`: given
+    by a test); ConfigError / HarnessError."""
+    infos = target.probe(generate=probe)
+    workload = target.workload(infos)
+    sessions, left_out = target.sessions(workload) if sessions is None else (sessions, 0)
+    plan = target.plan(sessions, infos)
+    return replace(plan, workload=describe_workload(target.cfg, workload, left_out), tokenizer=workload.tokenizer), \
+        infos
 
 
-def backend_of(cfg: RunConfig) -> Backend:
-    """The backend that speaks to this run's servers (--backend; built-in replicas speak sglang)."""
-    return make_backend(cfg.backend, cfg.api_key, cfg.tokenizer,
-                        {"intervals": cfg.intervals, "block_size": cfg.block_size})
-
-
-async def probe_endpoints(cfg: RunConfig, backend: Backend, generate_probe: bool) -> dict[str, dict]:
-    """Each endpoint's settings, checked for its role; with `generate_probe`, also one short request each."""
-    roles = [(u, "candidate") for u in cfg.endpoint] + [(u, "reference") for u in cfg.reference_endpoint]
-    async with aiohttp.ClientSession() as http:
-        infos = await asyncio.gather(*(backend.probe(http, u, role, generate=generate_probe) for u, role in roles))
-    return dict(zip([u for u, _ in roles], infos, strict=True))
-
-
-def make_plan(cfg: RunConfig, sessions: list | None, probe: bool, backend: Backend | None = None
-              ) -> tuple[Plan, dict[str, dict]]:  # sessions: given (tests), else built for the target
-    """The run plan; for external endpoints this contacts them (probe: also one short request each) and builds
-    the sessions for what they report (intervals, block size, tokenizer); ConfigError / HarnessError."""
-    if not cfg.external:
-        target = target_of(cfg, {})
-        sessions, left_out = load_sessions(cfg, target) if sessions is None else (sessions, 0)
-        return replace(builtin_plan(cfg, sessions), workload=describe_workload(cfg, target, left_out),
-                       tokenizer=target.tokenizer), {}
-    try:
-        infos = asyncio.run(probe_endpoints(cfg, backend or backend_of(cfg), probe))
-    except (RequestError, ReplicaFailure) as e:
-        raise HarnessError(str(e)) from None
-    target = target_of(cfg, infos)
-    sessions, left_out = load_sessions(cfg, target)
-    try:
-        plan = external_plan(cfg, sessions, infos)
-    except ValueError as e:
-        raise HarnessError(str(e)) from None
-    return replace(plan, workload=describe_workload(cfg, target, left_out), tokenizer=target.tokenizer), infos
-
-
-def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: list[Pool],
+def write_config(run_dir: Path, cfg: RunConfig, target: Target, run_id: str, plan: Plan, pools: list[Pool],
                  resumed: bool) -> None:
     """config.json: the RunConfig, run id, engine settings per pool, gate thresholds."""
     path = run_dir / "config.json"
@@ -104,7 +71,8 @@ def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: 
                                              else []),
         "run_config": cfg.to_json(),
         "gate": asdict(cfg.gate),
-        "narrowed": narrowed({p.name: p.server_info for p in pools}),  # what each pool's servers cannot report
+        # what each pool's servers cannot report
+        "narrowed": {p.name: list(target.reported(p.server_info).unknown) for p in pools},
         "pools": {p.name: {"role": p.role, "engine": p.engine.record(), "server_info": p.server_info,
                            "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id}
                                         for r in p.replicas]} for p in pools},
@@ -117,9 +85,10 @@ def write_config(run_dir: Path, cfg: RunConfig, run_id: str, plan: Plan, pools: 
     write_json(path, doc)
 
 
-async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_dir: Path, run_id: str,
-                resumed: bool, infos: dict[str, dict]) -> Progress:
-    """Read each pool's /server_info, write config.json, run the driver; return the final counters."""
+async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], ref: Pool, run_dir: Path,
+                run_id: str, resumed: bool, infos: dict[str, dict]) -> Progress:
+    """Read each pool's /server_info (stopping where it contradicts the pool), write config.json, run the driver;
+    return the final counters."""
     recorded = load_run(run_dir)
     existing, existing_refs = recorded.candidates_by_key(), recorded.references
     tokenizer = plan.tokenizer.name if plan.tokenizer is not None else "unknown"
@@ -129,10 +98,10 @@ async def drive(cfg: RunConfig, plan: Plan, cands: list[Pool], ref: Pool, run_di
             url = pool.replicas[0].url
             pool.server_info = infos.get(url) or await pool.backend.server_info(http, url)
             pool.incidents = incidents
-            reported = pool.server_info.get("mamba_track_interval")
-            if pool.role == "candidate" and reported is not None and int(reported) != pool.engine.interval:
-                raise HarnessError(f"pool {pool.name}: the server reports mamba_track_interval {reported}")
-        write_config(run_dir, cfg, run_id, plan, [*cands, ref], resumed)
+            problem = target.check_reported(pool, url, pool.server_info)
+            if problem:
+                raise HarnessError(problem)
+        write_config(run_dir, cfg, target, run_id, plan, [*cands, ref], resumed)
         sessions = {p.name: p.sessions for p in plan.candidates}
         recorded = sum(1 for k in existing if any(k.startswith(p.name + "-c") for p in plan.candidates))
         progress = Progress(plan.total_candidate_requests, recorded,
@@ -201,23 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI entry point; returns the exit status."""
     try:
         cfg = resolve(argv)
-        vllm_work = None
-        if cfg.engine == "vllm" and not cfg.external:
-            vllm_work = vllm_workload(cfg)  # a bad workload fails before anything is written
-            if cfg.dry_run:
-                from harness.vllm.start import describe_run
-
-                print(describe_run(cfg, *vllm_work[:2]))
-                return EXIT_PASS
-        backend = backend_of(cfg)
+        target = make_target(cfg)
+        # probe already-running servers before anything is written: a failed probe leaves runs/ and runs/latest
+        # alone; a bad workload fails here too
+        probed = make_plan(target, probe=not cfg.dry_run)
         if cfg.dry_run:
-            plan, _ = make_plan(cfg, None, probe=False, backend=backend)
-            print(plan.describe(cfg))
+            print(target.describe(probed[0]))
             return EXIT_PASS
-        # probe external endpoints before anything is written: a failed probe leaves runs/ and runs/latest alone;
-        # a bad workload fails here too
-        probed = None if cfg.engine == "vllm" and not cfg.external else \
-            make_plan(cfg, None, probe=cfg.external, backend=backend)
     except (ConfigError, HarnessError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
@@ -237,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_HARNESS_FAILED
     try:
         print(f"run directory: {run_dir}")
-        if probed is not None and probed[0].skipped_sessions:
+        if probed[0].skipped_sessions:
             print(f"note: {probed[0].skipped_sessions} session(s) target an interval with no pool; they are skipped")
-        progress = execute(cfg, run_dir, run_id=run_dir.name, backend=backend, probed=probed, vllm_work=vllm_work)
+        progress = execute(target, run_dir, run_dir.name, probed)
     except KeyboardInterrupt:
         if run_dir is not None:
             print(f"\ninterrupted; records so far are kept. Finish with: python -m harness.run --resume {run_dir}",
@@ -260,30 +219,20 @@ def main(argv: list[str] | None = None) -> int:
     return render(run_dir, cfg)
 
 
-def execute(cfg: RunConfig, run_dir: Path, run_id: str, backend: Backend | None = None,
-            probed: tuple[Plan, dict[str, dict]] | None = None, vllm_work: tuple | None = None) -> Progress:
-    """Start the pools (Ray replicas or external endpoints), drive, and tear down.
+def execute(target: Target, run_dir: Path, run_id: str, probed: tuple[Plan, dict[str, dict]] | None = None
+            ) -> Progress:
+    """Start the target's pools (or wrap its endpoints), read back what they run, drive, and tear down.
 
-    `probed`: the plan (with its sessions) and the server infos of external endpoints, already probed (with
-    `backend`, which keeps what its probes learned). `vllm_work`: an --engine vllm run's `vllm_workload`.
+    `probed`: the plan (with its sessions) and the server infos from `make_plan`, before the run directory existed.
     """
-    resumed = cfg.resume is not None
-    backend = backend or backend_of(cfg)
-    if cfg.engine == "vllm" and not cfg.external:
-        from harness.vllm.start import execute_vllm
-
-        return execute_vllm(cfg, vllm_work or vllm_workload(cfg), run_dir, run_id, drive)
-    plan, infos = probed or make_plan(cfg, None, probe=cfg.external, backend=backend)
-    if cfg.external:
-        cands, ref = external_pools(plan, cfg.api_key, cfg.recover_timeout, backend)
-        return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, infos))
-    pools = RayPools(cfg, plan, run_id)
-    try:
-        pools.connect()
-        cands, ref = pools.start()
-        return asyncio.run(drive(cfg, plan, cands, ref, run_dir, run_id, resumed, {}))
-    finally:
-        pools.close()
+    plan, infos = probed or make_plan(target)
+    with target.servers(plan, run_dir, run_id) as (cands, ref):
+        plan, infos = target.settle(plan, cands, ref, infos)
+        progress = asyncio.run(drive(target.cfg, target, plan, cands, ref, run_dir, run_id,
+                                     target.cfg.resume is not None, infos))
+        for line in target.finish(run_dir):
+            print(line)
+    return progress
 
 
 if __name__ == "__main__":

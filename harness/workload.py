@@ -1,28 +1,30 @@
-"""The sessions a run sends, built for its target (DESIGN.md 3.6).
+"""The sessions a run sends, built for what its candidate pools run (DESIGN.md 3.6).
 
-The target is what the candidate pools run: their track intervals and DFlash block
-size B (the run's flags for built-in replicas, the probed /server_info for --endpoint
-servers) and their tokenizer (--tokenizer; else a server's `tokenizer_path` when it is
-a readable local path; the built-in byte tokenizer for built-in replicas and servers
-that report `tokenizer: byte`). The frozen and load suites are generated for it, so
-boundary offsets -B..+1 hold exactly in the target's tokens; the committed frozen
-suite is what a run at I = 128/256, B = 8 with the byte tokenizer and seed 0 sends.
+A `WorkloadTarget` is what the sessions are built for: the pools' track intervals
+and DFlash block size B, their tokenizer, their context. Each target
+(harness/targets/) says where these come from (the run's flags, a model
+directory, the probed /server_info of --endpoint servers); this module builds the
+sessions for them. The frozen and load suites are generated for it, so boundary
+offsets -B..+1 hold exactly in the target's tokens; the committed frozen suite is
+what a run at I = 128/256, B = 8 with the byte tokenizer and seed 0 sends.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from harness.backends.info import block_size_of
-from harness.config import ConfigError, RunConfig
+from harness.errors import ConfigError
 from protocol.tokenizer import BYTE_TOKENIZER, Tokenizer, TokenizerError
+
+if TYPE_CHECKING:
+    from harness.config import RunConfig
 
 GENERATED = ("frozen", "load")  # suites built from text, so they need the target's tokenizer
 
 
 @dataclass(frozen=True)
-class Target:
+class WorkloadTarget:
     """What the workload is built for; `describe()` is the plan's workload line."""
 
     intervals: tuple[int, ...]
@@ -34,38 +36,6 @@ class Target:
     @property
     def tokenizer_name(self) -> str | None:
         return self.tokenizer.name if self.tokenizer is not None else None
-
-
-def _local_path(value) -> str | None:
-    return str(value) if isinstance(value, str) and value and Path(value).expanduser().exists() else None
-
-
-def tokenizer_spec(cfg: RunConfig, infos: dict[str, dict]) -> tuple[str | None, str]:
-    """(the tokenizer to load, where that came from); (None, why) when an external target's is unknown."""
-    if cfg.tokenizer:
-        return cfg.tokenizer, "--tokenizer"
-    if not cfg.external and cfg.engine == "vllm":
-        if (Path(cfg.model_path).expanduser() / "tokenizer.json").exists():
-            return cfg.model_path, "--model (the vLLM model directory)"
-        return None, f"--model {cfg.model_path} holds no tokenizer.json"
-    if not cfg.external:
-        return "byte", "the built-in engine"
-    specs = {}
-    for url in cfg.endpoint:
-        info = infos.get(url) or {}
-        path = _local_path(info.get("tokenizer_path"))
-        if path is not None:
-            specs[url] = path
-        elif info.get("tokenizer") == "byte":
-            specs[url] = "byte"
-        else:
-            return None, (f"endpoint {url} reports tokenizer_path {info.get('tokenizer_path')!r}, which is not a "
-                          "readable local path")
-    distinct = sorted(set(specs.values()))
-    if len(distinct) > 1:
-        raise ConfigError(f"the candidate endpoints report different tokenizers ({', '.join(distinct)}); pass "
-                          "--tokenizer with the one they all serve")
-    return distinct[0], f"{cfg.endpoint[0]}/server_info tokenizer_path"
 
 
 def load_target_tokenizer(spec: str) -> Tokenizer:
@@ -80,41 +50,22 @@ def load_target_tokenizer(spec: str) -> Tokenizer:
         raise ConfigError(f"--tokenizer: {e}") from None
 
 
-def target_of(cfg: RunConfig, infos: dict[str, dict]) -> Target:
-    """The target of this run: built-in replicas from the flags, external servers from their server infos.
+def from_flags(cfg: RunConfig, spec: str | None, source: str) -> WorkloadTarget:
+    """The workload target of replicas the harness starts: intervals and B from the flags, the tokenizer named by
+    `spec` (None: unknown, `source` says why), the workload's own context limit."""
+    from workloads.schema import CONTEXT_TOKENS
 
-    External pools that differ in B get the largest (its offsets -B..+1 hold the smaller blocks' too).
-    """
-    spec, source = tokenizer_spec(cfg, infos)
     tokenizer = load_target_tokenizer(spec) if spec is not None else None
-    if not cfg.external:
-        if tokenizer is not None and tokenizer.name != "byte" and cfg.engine == "builtin":
-            raise ConfigError(f"--tokenizer {cfg.tokenizer}: built-in replicas run the byte tokenizer; --tokenizer "
-                              "is for --endpoint servers")
-        from workloads.schema import CONTEXT_TOKENS
-
-        return Target(tuple(cfg.intervals), cfg.block_size, tokenizer, source, CONTEXT_TOKENS)
-    cand = [infos.get(u) or {} for u in cfg.endpoint]
-    intervals = tuple(sorted({int(i["mamba_track_interval"]) for i in cand if i.get("mamba_track_interval")}))
-    blocks = [b for b in (block_size_of(i) for i in cand) if b]
-    contexts = [int(i[k]) for i in cand for k in ("context_length", "max_context_length")
-                if isinstance(i.get(k), int) and not isinstance(i.get(k), bool) and i[k] > 0]
-    return Target(intervals or tuple(cfg.intervals), max(blocks) if blocks else cfg.block_size, tokenizer,
-                  source, min(contexts) if contexts else None)
+    return WorkloadTarget(tuple(cfg.intervals), cfg.block_size, tokenizer, source, CONTEXT_TOKENS)
 
 
-def load_sessions(cfg: RunConfig, target: Target) -> tuple[list, int]:
+def load_sessions(cfg: RunConfig, target: WorkloadTarget) -> tuple[list, int]:
     """The workload's sessions for `target`, through the workloads package API, and how many generated sessions
     were left out because they could outgrow the target's context (ConfigError naming the flag)."""
     from workloads import load_suite
     from workloads.schema import WorkloadError
 
-    flag = "--cover" if cfg.cover else f"--suite {cfg.suite}"
-    if cfg.engine == "vllm" and cfg.suite == "vllm-boundary":
-        if target.tokenizer is None:
-            raise ConfigError(f"{flag}: its cases are cut to exact lengths in the model's tokenizer, and "
-                              f"{target.tokenizer_source}: pass --tokenizer")
-        return [], 0  # built per server from the block it reports, once it is up (harness/vllm/workload.py)
+    flag = suite_flag(cfg)
     if target.tokenizer is None and cfg.workload in GENERATED:
         raise ConfigError(f"{flag}: its prompts are text cut to exact lengths in the target's tokenizer, and "
                           f"{target.tokenizer_source}: pass --tokenizer (the served model's tokenizer.json or its "
@@ -134,7 +85,12 @@ def load_sessions(cfg: RunConfig, target: Target) -> tuple[list, int]:
     return fits, len(sessions) - len(fits)
 
 
-def describe(cfg: RunConfig, target: Target, left_out: int = 0) -> str:
+def suite_flag(cfg: RunConfig) -> str:
+    """The flag that chose the workload, for messages."""
+    return "--cover" if cfg.cover else f"--suite {cfg.suite}"
+
+
+def describe(cfg: RunConfig, target: WorkloadTarget, left_out: int = 0) -> str:
     """The plan's line on what the workload was built for (and what of it did not fit the context)."""
     from workloads import committed_frozen_fits
 

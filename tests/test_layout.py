@@ -3,7 +3,9 @@
 `protocol` imports no project package; `engine`, `workloads` and `records` import only
 `protocol`; `reports` imports `records` and `protocol`; `harness` may import all but
 `training`; `training` imports `engine`, `workloads` and `protocol`. Every import counts,
-also those inside functions.
+also those inside functions. Within `harness`, no module imports itself back through others
+(an import circle), again counting imports inside functions; only imports under
+`if TYPE_CHECKING:` are left out, since they never run.
 """
 
 from __future__ import annotations
@@ -52,6 +54,88 @@ def violations(root: Path = ROOT) -> list[str]:
     return out
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and (getattr(node.test, "id", None) == "TYPE_CHECKING"
+                                         or getattr(node.test, "attr", None) == "TYPE_CHECKING")
+
+
+def import_graph(root: Path, pkg: str) -> dict[str, set[str]]:
+    """Module -> the modules of `pkg` it imports: `import a.b` and `from a.b import c` are edges to the module
+    `a.b`, or to `a.b.c` where that is a module itself (parent packages are not counted)."""
+    files = {}
+    for path in sorted((root / pkg).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        files[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    graph: dict[str, set[str]] = {}
+    for module, (path, is_package) in files.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = {id(n) for t in ast.walk(tree) if _type_checking_only(t) for b in t.body for n in ast.walk(b)}
+        edges = graph[module] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from this module's package, `level - 1` packages up
+                    parts = module.split(".")[:len(module.split(".")) - node.level + is_package]
+                    base = ".".join(parts + ([base] if base else []))
+                edges |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+        edges &= set(files) - {module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected group of modules (Tarjan), as `[a, b, ..., a]`, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(_circle(graph, g) for g in groups)
+
+
+def _circle(graph: dict[str, set[str]], group: list[str]) -> list[str]:
+    """A shortest circle through the group's first module, for the message."""
+    start, paths = group[0], {group[0]: [group[0]]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & set(group)):
+                if w == start:
+                    return paths[v] + [start]
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"no circle through {start}")
+
+
 def test_every_package_exists():
     assert all((ROOT / pkg / "__init__.py").is_file() for pkg in ALLOWED)
 
@@ -71,6 +155,28 @@ def test_the_rule_catches_a_backward_import(tmp_path):
         "workloads/bad.py:5: workloads imports engine (allowed: protocol)",
         "harness/ok.py:2: harness imports training (allowed: engine, protocol, records, reports, workloads)",
     ]
+
+
+def test_no_import_circles_in_the_harness():
+    circles = import_cycles(import_graph(ROOT, "harness"))
+    assert not circles, "import circles (move the shared part down into a module both import):\n" + "\n".join(
+        " -> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_imports_inside_functions(tmp_path):
+    """The checker itself: a circle closed by an import inside a function, and one through a package's
+    `__init__`, are both found; an import only for type checking is not one."""
+    pkg = tmp_path / "harness"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from harness.b import x\n")
+    (pkg / "b.py").write_text("def f():\n    from harness import a\n")
+    (pkg / "sub" / "__init__.py").write_text("from harness.sub.c import y\n")
+    (pkg / "sub" / "c.py").write_text("from harness.sub import z\n")
+    (pkg / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.d import T\n")
+    (pkg / "d.py").write_text("from harness import typed\n")
+    assert import_cycles(import_graph(tmp_path, "harness")) == [
+        ["harness.a", "harness.b", "harness.a"], ["harness.sub", "harness.sub.c", "harness.sub"]]
 
 
 @pytest.mark.parametrize("pkg", sorted(ALLOWED))

@@ -3,13 +3,14 @@
 `Backend` is all the driver, the pools and the run use: `probe` (settings and
 capabilities of an endpoint, once, before anything is written), `payload` and
 `generate` (one request; the driver sets `payload["rid"]` before each send),
-`health`, `flush` and `counters` (/metrics). `sglang.py` speaks SGLang's native
-API (the built-in engine's too), `openai.py` the OpenAI completions API (vLLM
-and other OpenAI-compatible servers); a third protocol is a new module and one
-entry in BACKENDS.
+`health`, `flush` and `counters` (/metrics); it lives in `base.py`, which every
+backend module imports (never this package, so the registry below can import
+them all). `sglang.py` speaks SGLang's native API (the built-in engine's too),
+`openai.py` the OpenAI completions API (vLLM and other OpenAI-compatible
+servers); a third protocol is a new module and one entry in REGISTRY.
 
 A probe returns the server's settings under SGLang's server-args names (what
-harness/plan.py reads), plus `specgate_probe`: which backend, where settings
+harness/targets/ read), plus `specgate_probe`: which backend, where settings
 came from, and `unknown`, the list of what this server cannot report (spec_trace,
 flush, candidate logprobs, ...), which narrows the report (DESIGN.md 3.6).
 
@@ -20,98 +21,22 @@ connection error, 5xx, a stream cut short) is worth re-sending elsewhere;
 
 from __future__ import annotations
 
-import asyncio
-from abc import ABC, abstractmethod
+from harness.backends.base import PROBE_KEY, Backend, ReplicaFailure, RequestError, probe_record
+from harness.backends.openai import OpenAIBackend
+from harness.backends.sglang import SGLangBackend
 
-import aiohttp
-
-from records.schema import Generation
-
-BACKENDS = ("sglang", "openai")
-PROBE_KEY = "specgate_probe"  # where a probe's findings sit in the server info (and config.json)
-
-
-class ReplicaFailure(Exception):
-    """The replica could not answer (connection refused or reset, 5xx, truncated stream)."""
-
-
-class RequestError(Exception):
-    """The request itself failed (4xx, timeout, abort); re-sending it elsewhere would not help."""
-
-
-class Backend(ABC):
-    """One serving protocol. Instances hold what probes learned per URL (model names, capabilities)."""
-
-    name = ""
-
-    def __init__(self, api_key: str | None = None, tokenizer: str | None = None, defaults: dict | None = None
-                 ) -> None:
-        self.api_key = api_key
-        self.tokenizer = tokenizer  # --tokenizer: the target's tokenizer, where the protocol needs one
-        self.defaults = dict(defaults or {})  # the run's --intervals / --block-size, for what a server hides
-
-    def headers(self) -> dict:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    @abstractmethod
-    async def server_info(self, http: aiohttp.ClientSession, url: str) -> dict:
-        """The server's settings under SGLang's names (RequestError naming the URL when unreachable)."""
-
-    @abstractmethod
-    async def probe(self, http: aiohttp.ClientSession, url: str, role: str, generate: bool = True) -> dict:
-        """server_info checked for `role` ("candidate" / "reference"), with its `specgate_probe` record.
-
-        With `generate`, one short request checks what answers carry. RequestError says what is missing
-        and what to do; nothing is written by a probe.
-        """
-
-    @abstractmethod
-    def payload(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:
-        """The request body for greedy, fixed-length generation with logprobs."""
-
-    @abstractmethod
-    async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
-                       incremental: bool = False) -> Generation:
-        """Send `payload` to `url`; the final answer as a Generation (ReplicaFailure / RequestError).
-
-        `incremental`: the server said it streams only what is new in each chunk."""
-
-    async def health(self, http: aiohttp.ClientSession, url: str, timeout: float = 5.0) -> bool:
-        """True when GET /health answers 200."""
-        try:
-            async with http.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                return resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-            return False
-
-    @abstractmethod
-    async def flush(self, http: aiohttp.ClientSession, url: str, wait: float = 60.0) -> None:
-        """Empty the server's prefix cache (a no-op where the server offers no way; the probe says so)."""
-
-    async def counters(self, http: aiohttp.ClientSession, url: str) -> dict[str, float]:
-        """Speculation and prefix-cache counters from GET /metrics ({} when there are none)."""
-        from harness.backends.metrics import fetch_counters
-
-        return await fetch_counters(http, url, self.headers())
+__all__ = ["BACKENDS", "PROBE_KEY", "Backend", "ReplicaFailure", "RequestError", "make_backend", "narrowed",
+           "probe_record"]
+REGISTRY: dict[str, type[Backend]] = {"sglang": SGLangBackend, "openai": OpenAIBackend}
+BACKENDS = tuple(REGISTRY)
 
 
 def make_backend(name: str, api_key: str | None = None, tokenizer: str | None = None,
                  defaults: dict | None = None) -> Backend:
     """The backend called `name` (one of BACKENDS); `defaults`: the run's intervals and block size."""
-    if name == "sglang":
-        from harness.backends.sglang import SGLangBackend
-
-        return SGLangBackend(api_key, tokenizer, defaults)
-    if name == "openai":
-        from harness.backends.openai import OpenAIBackend
-
-        return OpenAIBackend(api_key, tokenizer, defaults)
-    raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-
-
-def probe_record(backend: str, unknown: list[str], notes: list[str], **found) -> dict:
-    """The `specgate_probe` entry: what a probe found, and what the server cannot report."""
-    return {"backend": backend, "unknown": sorted(set(unknown)), "notes": notes, **found}
+    if name not in REGISTRY:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    return REGISTRY[name](api_key, tokenizer, defaults)
 
 
 def narrowed(server_infos: dict[str, dict]) -> dict[str, list[str]]:

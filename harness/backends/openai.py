@@ -20,15 +20,16 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
-from harness.backends import PROBE_KEY, Backend, ReplicaFailure, RequestError, probe_record
+from harness.backends.base import PROBE_KEY, Backend, ReplicaFailure, RequestError, probe_record
 from harness.backends.info import block_size_of
 from harness.backends.metrics import fetch_samples, vllm_settings
-from harness.backends.openai_parse import TOP_K, Answer, TokenMap
+from harness.backends.openai_parse import TOP_K, Answer, TokenMap, status_json
+from harness.backends.openai_probe import check_answers, find_flush
+from harness.backends.sglang_probe import fetch_server_info
 from harness.backends.sse import DONE, sse_data, stream_timing
 from records.schema import Generation
 
 VENDOR_FIELDS = ("ignore_eos", "return_token_ids")  # vLLM/SGLang extensions a strict OpenAI server refuses
-FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")  # SGLang and the built-in engine; vLLM (dev mode)
 ALWAYS_UNKNOWN = ("spec_trace", "spec_verify_ct")  # the OpenAI API reports no verify steps per request
 # a setting the server does not report, taken from the run's flags or the endpoint's role: listed as unknown
 DECLARED_AS = {"mamba_track_interval": "interval", "speculative_num_draft_tokens": "block_size",
@@ -45,22 +46,6 @@ class Endpoint:
     tokens: TokenMap | None = None
 
 
-async def _status_json(http: aiohttp.ClientSession, method: str, url: str, headers: dict, body=None,
-                       timeout: float = 30.0):
-    """(status, parsed JSON or None, text head) of one request; ReplicaFailure when the server is unreachable."""
-    try:
-        async with http.request(method, url, json=body, headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            text = await resp.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-        raise ReplicaFailure(f"{method} {url} failed: {type(e).__name__}: {e}") from e
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        obj = None
-    return resp.status, obj, text[:300]
-
-
 class OpenAIBackend(Backend):
     name = "openai"
 
@@ -70,7 +55,7 @@ class OpenAIBackend(Backend):
 
     # --- settings and probe --------------------------------------------------------------------
     async def _model(self, http: aiohttp.ClientSession, url: str) -> str:
-        status, obj, head = await _status_json(http, "GET", f"{url}/v1/models", self.headers())
+        status, obj, head = await status_json(http, "GET", f"{url}/v1/models", self.headers())
         if status == 401:
             raise RequestError(f"endpoint {url}: GET /v1/models answered 401 (pass the server's key with --api-key)")
         data = obj.get("data") if isinstance(obj, dict) else None
@@ -81,8 +66,6 @@ class OpenAIBackend(Backend):
 
     async def _settings(self, http: aiohttp.ClientSession, url: str) -> tuple[dict, str, list[str]]:
         """(settings under SGLang's names, where from, notes): /server_info, else vLLM's /metrics, else none."""
-        from harness.backends.sglang_probe import fetch_server_info
-
         try:
             info, path = await fetch_server_info(http, url, self.api_key)
             if "vllm_config" not in info:  # vLLM's dev-mode /server_info is its config text: read /metrics
@@ -133,8 +116,6 @@ class OpenAIBackend(Backend):
         unknown += [DECLARED_AS[k] for k in declared if k in DECLARED_AS]  # assumed, not known
         found: dict = {}
         if generate:
-            from harness.backends.openai_probe import check_answers, find_flush
-
             more_unknown, more_notes, found = await check_answers(self, http, url, role, endpoint)
             unknown += more_unknown
             notes += more_notes
@@ -192,7 +173,7 @@ class OpenAIBackend(Backend):
             return  # the probe recorded that this server cannot be flushed
         deadline = time.monotonic() + wait
         while True:
-            status, _, head = await _status_json(http, "POST", f"{url}{endpoint.flush_path}", self.headers())
+            status, _, head = await status_json(http, "POST", f"{url}{endpoint.flush_path}", self.headers())
             if status < 300:
                 return
             if status >= 500:

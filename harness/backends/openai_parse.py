@@ -4,14 +4,20 @@ Output ids come, in order of preference, from vLLM's `return_token_ids`
 (`choices[0].token_ids`), from logprob tokens of the form "token_id:N" (vLLM's
 `--return-tokens-as-token-ids`), or from the logprob token strings mapped
 through the target's tokenizer (`TokenMap`), which the probe says it did.
+`status_json` (one request's status and JSON) is here because openai.py and
+openai_probe.py both use it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from dataclasses import dataclass, field
 
-from harness.backends import RequestError
+import aiohttp
+
+from harness.backends.base import ReplicaFailure, RequestError
 from records.schema import Generation
 
 TOKEN_ID = re.compile(r"token_id:(\d+)")
@@ -145,3 +151,19 @@ class Answer:
             completion_tokens=int(usage.get("completion_tokens") or len(ids)), finish_reason=self.finish_reason,
             spec_verify_ct=None, spec_accept_length=None, spec_trace=None, ttft=ttft, itl=itl, e2e=e2e,
             abort_message="aborted by the server" if self.finish_reason == "abort" else None)
+
+
+async def status_json(http: aiohttp.ClientSession, method: str, url: str, headers: dict, body=None,
+                      timeout: float = 30.0):
+    """(status, parsed JSON or None, text head) of one request; ReplicaFailure when the server is unreachable."""
+    try:
+        async with http.request(method, url, json=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            text = await resp.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        raise ReplicaFailure(f"{method} {url} failed: {type(e).__name__}: {e}") from e
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    return resp.status, obj, text[:300]

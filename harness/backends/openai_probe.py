@@ -7,18 +7,17 @@ anything. A strict OpenAI server that refuses vLLM's fields (`ignore_eos`,
 
 from __future__ import annotations
 
-from harness.backends import ReplicaFailure, RequestError
-from harness.backends.openai_parse import TOP_K, UNKNOWN_ID, Answer
+from harness.backends.base import ReplicaFailure, RequestError
+from harness.backends.openai_parse import TOP_K, UNKNOWN_ID, Answer, status_json
 
 PROBE_IDS = [1, 2, 3, 4]
+FLUSH_PATHS = ("/flush_cache", "/reset_prefix_cache")  # SGLang and the built-in engine; vLLM (dev mode)
 
 
 async def _ask(backend, http, url: str, endpoint) -> tuple[int, dict | None, str]:
-    from harness.backends.openai import _status_json
-
     body = backend.body(endpoint, {"input_ids": PROBE_IDS, "max_new_tokens": 2, "stream": False})
     try:
-        return await _status_json(http, "POST", f"{url}/v1/completions", backend.headers(), body, timeout=60)
+        return await status_json(http, "POST", f"{url}/v1/completions", backend.headers(), body, timeout=60)
     except ReplicaFailure as e:
         raise RequestError(f"endpoint {url}: the probe /v1/completions request failed ({e})") from e
 
@@ -73,11 +72,9 @@ async def check_answers(backend, http, url: str, role: str, endpoint) -> tuple[l
 
 async def find_flush(backend, http, url: str) -> str | None:
     """The path that empties the server's prefix cache (tried now, before the run), or None."""
-    from harness.backends.openai import FLUSH_PATHS, _status_json
-
     for path in FLUSH_PATHS:
         try:
-            status, _, _ = await _status_json(http, "POST", f"{url}{path}", backend.headers())
+            status, _, _ = await status_json(http, "POST", f"{url}{path}", backend.headers())
         except ReplicaFailure:
             return None
         if status < 300 or status == 400:  # 400: the built-in engine is busy; the path exists

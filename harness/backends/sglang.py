@@ -1,4 +1,5 @@
-"""The SGLang backend: /generate (streamed or not), /flush_cache, /health; the probe is in sglang_probe.py."""
+"""The SGLang backend: /generate (streamed or not), /flush_cache, /health; the probe is in sglang_probe.py, the
+wire format both use in sglang_wire.py."""
 
 from __future__ import annotations
 
@@ -8,69 +9,14 @@ import time
 
 import aiohttp
 
-from harness.backends import Backend, ReplicaFailure, RequestError
+from harness.backends.base import Backend, ReplicaFailure, RequestError
+from harness.backends.sglang_probe import probe, server_info
+from harness.backends.sglang_wire import TOP_K, check_status, generate_payload, headers, parse_answer
 from harness.backends.sse import DONE, sse_data, stream_timing
 from records.schema import Generation
 
-TOP_K = 2  # top logprobs per token the margin test needs (top-1 vs top-2)
-
-
-def generate_payload(rid: str, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:
-    """The /generate body: greedy, fixed length, logprobs with top-2."""
-    return {
-        "input_ids": input_ids,
-        "sampling_params": {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True},
-        "rid": rid,
-        "return_logprob": True,
-        "top_logprobs_num": TOP_K,
-        "stream": stream,
-    }
-
-
-def parse_answer(obj: dict, ttft: float | None, itl: float | None, e2e: float) -> Generation:
-    """A Generation from one (final) SGLang answer object."""
-    meta = obj.get("meta_info") or {}
-    finish = meta.get("finish_reason")
-    finish_type = finish.get("type") if isinstance(finish, dict) else finish
-    abort = finish.get("message", "aborted") if isinstance(finish, dict) and finish_type == "abort" else None
-    output_ids = [int(t) for t in obj.get("output_ids") or []]
-    logprobs = [float(e[0]) for e in meta.get("output_token_logprobs") or []]
-    top = [[[float(e[0]), int(e[1])] for e in tok] for tok in meta.get("output_top_logprobs") or []]
-    trace = meta.get("spec_trace")
-    verify_ct = meta.get("spec_verify_ct")
-    accept = meta.get("spec_accept_length")
-    if accept is None and verify_ct:
-        accept = len(output_ids) / verify_ct
-    return Generation(
-        output_ids=output_ids,
-        output_text=obj.get("text") or "",
-        output_logprobs=logprobs,
-        output_top_logprobs=top,
-        cached_tokens=int(meta.get("cached_tokens") or 0),
-        completion_tokens=int(meta.get("completion_tokens", len(output_ids))),
-        finish_reason=finish_type,
-        spec_verify_ct=verify_ct,
-        spec_accept_length=accept,
-        spec_trace=[list(map(int, s)) for s in trace] if trace is not None else None,
-        ttft=ttft,
-        itl=itl,
-        e2e=e2e,
-        abort_message=abort,
-    )
-
-
-def _headers(api_key: str | None) -> dict:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-
-async def _check_status(resp: aiohttp.ClientResponse) -> None:
-    if resp.status < 400:
-        return
-    body = (await resp.text())[:300]
-    if resp.status >= 500:
-        raise ReplicaFailure(f"HTTP {resp.status}: {body}")
-    raise RequestError(f"HTTP {resp.status}: {body}")
-
+__all__ = ["TOP_K", "SGLangBackend", "StreamAssembly", "flush_cache", "generate", "generate_payload", "health",
+           "parse_answer", "stream_error"]  # the wire format's names too: callers read them here
 
 async def generate(session: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
                    api_key: str | None = None, incremental: bool = False) -> Generation:
@@ -82,9 +28,9 @@ async def generate(session: aiohttp.ClientSession, url: str, payload: dict, time
     """
     t0 = time.perf_counter()
     try:
-        async with session.post(f"{url}/generate", json=payload, headers=_headers(api_key),
+        async with session.post(f"{url}/generate", json=payload, headers=headers(api_key),
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            await _check_status(resp)
+            await check_status(resp)
             if not payload.get("stream"):
                 obj = await resp.json(content_type=None)
                 return parse_answer(obj, None, None, time.perf_counter() - t0)
@@ -183,7 +129,7 @@ async def flush_cache(session: aiohttp.ClientSession, url: str, api_key: str | N
     deadline = time.monotonic() + wait
     while True:
         try:
-            async with session.post(f"{url}/flush_cache", headers=_headers(api_key),
+            async with session.post(f"{url}/flush_cache", headers=headers(api_key),
                                     timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 if resp.status < 300:
                     return
@@ -203,13 +149,9 @@ class SGLangBackend(Backend):
     name = "sglang"
 
     async def server_info(self, http: aiohttp.ClientSession, url: str) -> dict:
-        from harness.backends.sglang_probe import server_info
-
         return await server_info(http, url, self.api_key)
 
     async def probe(self, http: aiohttp.ClientSession, url: str, role: str, generate: bool = True) -> dict:
-        from harness.backends.sglang_probe import probe
-
         return await probe(http, url, self.api_key, role=role, generate=generate)
 
     def payload(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:

@@ -14,9 +14,9 @@ import time
 
 import aiohttp
 
-from harness.backends import PROBE_KEY, ReplicaFailure, RequestError, probe_record
+from harness.backends.base import PROBE_KEY, ReplicaFailure, RequestError, probe_record
 from harness.backends.info import block_size_of, candidate_problem, speculative, strategy_source, streaming_mode
-from harness.backends.sglang import TOP_K, _check_status, _headers, generate_payload, parse_answer
+from harness.backends.sglang_wire import TOP_K, check_status, generate_payload, headers, parse_answer
 
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is SGLang's older (now deprecated) name
 
@@ -24,7 +24,7 @@ INFO_PATHS = ("/server_info", "/get_server_info")  # the second is SGLang's olde
 async def _openai_hint(http: aiohttp.ClientSession, url: str, api_key: str | None) -> str:
     """A hint when `url` looks like an OpenAI-only server (GET /v1/models answers)."""
     try:
-        async with http.get(f"{url}/v1/models", headers=_headers(api_key),
+        async with http.get(f"{url}/v1/models", headers=headers(api_key),
                             timeout=aiohttp.ClientTimeout(total=10)) as resp:
             if resp.status == 200:
                 return ("; GET /v1/models answers, so this is an OpenAI-compatible server (vLLM?): run with "
@@ -44,13 +44,13 @@ async def fetch_server_info(http: aiohttp.ClientSession, url: str, api_key: str 
     tried = []
     for path in INFO_PATHS:
         try:
-            async with http.get(f"{url}{path}", headers=_headers(api_key),
+            async with http.get(f"{url}{path}", headers=headers(api_key),
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status in (404, 405):
                     tried.append(f"GET {path}: HTTP {resp.status}")
                     continue
                 try:
-                    await _check_status(resp)
+                    await check_status(resp)
                 except RequestError as e:
                     hint = " (pass the server's key with --api-key)" if resp.status == 401 else ""
                     raise RequestError(f"endpoint {url}: /server_info is not reachable ({e}){hint}") from None
@@ -76,9 +76,9 @@ async def _probe_request(http: aiohttp.ClientSession, url: str, api_key: str | N
     payload = dict(generate_payload("specgate-probe", [1, 2, 3, 4], 2, stream=False), rid=None)
     t0 = time.perf_counter()
     try:
-        async with http.post(f"{url}/generate", json=payload, headers=_headers(api_key),
+        async with http.post(f"{url}/generate", json=payload, headers=headers(api_key),
                              timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            await _check_status(resp)
+            await check_status(resp)
             raw = await resp.json(content_type=None)
     except (ReplicaFailure, RequestError) as e:
         raise RequestError(f"endpoint {url}: the probe /generate request failed ({e})") from e

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from harness.models import ARCHS, MODEL_CARD
-from harness.vllm import VLLMNotFound, find_python, repo_root
+from harness.targets.venv import InterpreterNotFound, find_python, repo_root
+from harness.targets.vllm import VENV
 
 HELDOUT = repo_root() / "workloads" / "data" / "heldout.txt"
 
@@ -60,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.vocab < 300:
         p.error(f"--vocab {a.vocab}: needs >= 300 (256 bytes + merges)")
     try:
-        python = find_python(a.vllm_python)
+        python = find_python(VENV, a.vllm_python)
         print(f"building {a.arch} into {a.dir} with {python} ...", flush=True)
         card = build(Path(a.dir), a.arch, python, a.seed, a.vocab)
-    except (VLLMNotFound, RuntimeError, subprocess.TimeoutExpired) as e:
+    except (InterpreterNotFound, RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"harness.models: error: {e}", file=sys.stderr)
         return 2
     print(f"built {card['arch']} ({card['params']:,} parameters) in {card['seconds']}s: {a.dir}; "

@@ -6,7 +6,7 @@ import pytest
 
 from harness.backends import make_backend, narrowed
 from harness.backends.info import block_size_of, candidate_problem, probe_lines, strategy_of, streaming_mode
-from harness.plan import engine_from_server_info
+from harness.targets.endpoints import engine_from_server_info
 from tests.harness import server_infos
 
 DFLASH = {"speculative_algorithm": "DFLASH"}

@@ -7,8 +7,8 @@ import pytest
 from harness.cli import from_argv
 from harness.config import ConfigError, RunConfig
 from harness.engine_args import EngineArgsError, engine_overrides
-from harness.plan import builtin_plan, engine_config, server_args
 from harness.run import main
+from harness.targets.builtin import builtin_plan, engine_config, server_args
 from tests.harness.helpers import make_sessions
 
 

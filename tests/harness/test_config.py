@@ -8,9 +8,10 @@ import pytest
 
 from harness.cli import from_argv
 from harness.config import ConfigError, RunConfig, for_resume
-from harness.plan import builtin_plan, external_plan, server_args
 from harness.ray_pools import resolve_address
 from harness.run import main
+from harness.targets.builtin import builtin_plan, server_args
+from harness.targets.endpoints import external_plan
 from tests.harness.helpers import make_sessions, write_workload
 
 
@@ -153,11 +154,12 @@ def test_local_ray_gets_a_cpu_for_every_replica_bundle(monkeypatch):
     """`make run` on a 2-core laptop: 2 candidate pools + 1 reference pool must all be placeable."""
     import harness.ray_pools as cluster
     from harness.config import RunConfig
-    from harness.plan import builtin_plan
+    from harness.targets.builtin import BuiltinTarget
 
     monkeypatch.setattr(cluster.os, "cpu_count", lambda: 2)
     cfg = RunConfig(tp_size=2, replicas=2)
-    pools = cluster.RayPools(cfg, builtin_plan(cfg, []), "t")
+    target = BuiltinTarget(cfg)
+    pools = cluster.RayPools(cfg, builtin_plan(cfg, []), "t", target.launch)
     # (2 intervals x 2 replicas + 1 reference) x 2 ranks, plus one to spare
     assert pools.local_cpus() == 11
     monkeypatch.setattr(cluster.os, "cpu_count", lambda: 64)

@@ -10,8 +10,8 @@ import aiohttp
 
 from harness.config import RunConfig
 from harness.driver import Driver
-from harness.plan import candidate_engine, reference_engine
 from harness.progress import Progress
+from harness.targets.builtin import candidate_engine, reference_engine
 from records.jsonl import RecordFiles, load_run
 from records.rundir import input_hash
 from tests.harness.fake_server import fake_tokens

@@ -11,8 +11,9 @@ import pytest
 from harness.cli import from_argv
 from harness.config import ConfigError
 from harness.run import main
-from harness.vllm import VLLMNotFound, find_python, server_env
-from harness.vllm.profile import VLLMArgsError, caching_of, check_args, pools, spec_config, without
+from harness.targets.venv import InterpreterNotFound, find_python
+from harness.targets.vllm import VENV, server_env
+from harness.targets.vllm_profile import VLLMArgsError, caching_of, check_args, pools, spec_config, without
 from protocol.hf_tokenizer import load_tokenizer
 from tests.harness.fake_vllm import make_interpreter
 from tests.harness.helpers import REPO, make_sessions, write_workload
@@ -89,10 +90,10 @@ def test_engine_vllm_implies_the_openai_backend_and_checks_the_model(model_dir, 
 
 
 def test_find_python_says_how_to_get_one(tmp_path):
-    with pytest.raises(VLLMNotFound, match="make vllm"):
-        find_python(str(tmp_path / "missing" / "python"))
+    with pytest.raises(InterpreterNotFound, match="make vllm"):
+        find_python(VENV, str(tmp_path / "missing" / "python"))
     fake = make_interpreter(tmp_path / "bin")
-    assert find_python(None, {"SPECGATE_VLLM_PYTHON": fake}) == fake
+    assert find_python(VENV, None, {"SPECGATE_VLLM_PYTHON": fake}) == fake
 
 
 def test_server_env_keeps_vllm_local_and_quiet():

@@ -9,9 +9,9 @@ import pytest
 
 from harness.calibrate import DRIFT_FLOOR, calibrate
 from harness.models.__main__ import main as models_main
-from harness.vllm.profile import make_pool
-from harness.vllm.start import acceptance_lines, check_reported
-from harness.vllm.workload import boundary_sessions, offsets
+from harness.targets.vllm import acceptance_lines, check_flags
+from harness.targets.vllm_profile import make_pool
+from harness.targets.vllm_workload import boundary_sessions, offsets
 from reports.gate import GateThresholds
 
 BYTE_TOKENIZER = str(Path(__file__).resolve().parents[2] / "protocol" / "data" / "byte_tokenizer")
@@ -54,8 +54,8 @@ def test_boundary_sessions_sit_at_exact_token_lengths_around_the_block():
 def test_a_server_that_overrides_its_flags_is_named():
     asked = make_pool("vllm", "candidate", ("--enable-prefix-caching",))
     info = {"disable_radix_cache": True, "speculative_algorithm": "NONE", "specgate_probe": {"declared": []}}
-    assert "asked for prefix caching on, the server reports it off" in check_reported("vllm", asked, info)
-    assert check_reported("vllm", asked, dict(info, disable_radix_cache=False)) is None
+    assert "asked for prefix caching on, the server reports it off" in check_flags("vllm", asked, info)
+    assert check_flags("vllm", asked, dict(info, disable_radix_cache=False)) is None
 
 
 def test_acceptance_lines_from_server_counters(tmp_path):

@@ -20,7 +20,7 @@ from engine.engine import Engine
 from engine.faults import FAULTS
 from engine.io_struct import GenerateRequest, SamplingParams
 from harness.config import RunConfig
-from harness.plan import candidate_engine, engine_config, reference_engine
+from harness.targets.builtin import candidate_engine, engine_config, reference_engine
 from protocol.tokenizer import BYTE_TOKENIZER
 from records.rundir import input_hash
 from records.schema import Generation, build_record, candidate_key, reference_key

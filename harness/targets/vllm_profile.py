@@ -6,7 +6,7 @@ speculation-only pool (prefix caching off) and a cache-only pool (no speculative
 config) derived from the same flags. The reference pool runs the same model
 with neither. What each server really runs (its prefix-cache block, whether it
 speculates, with how many draft tokens) is read from its /metrics once it is up,
-not assumed from the flags (harness/vllm/start.py).
+not assumed from the flags (harness/targets/vllm.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.models import MODEL_CARD
+from harness.plan import EngineSpec
 
 SERVED_NAME = "specgate-target"
 # flags the harness sets itself (per replica or per pool), with the harness flag to use instead
@@ -168,24 +169,6 @@ def server_args(model_dir: str, pool: VLLMPool) -> list[str]:
     return [*model_args(model_dir), *COMMON, *pool.args]
 
 
-def validate_run(c, need) -> None:
-    """--engine vllm settings (`need(ok, message)` raises the config error): a local model directory, the
-    OpenAI backend, vLLM's own flags in --candidate-args, nothing that only the built-in engine has."""
-    need(not c.external, "--engine vllm starts vLLM replicas under Ray; for already-running servers give "
-         "--endpoint / --reference-endpoint with --backend openai instead")
-    need(c.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {c.backend}")
-    need(Path(c.model_path).expanduser().joinpath("config.json").is_file(),
-         f"--model {c.model_path}: not a model directory with a config.json (build one with "
-         "`python -m harness.models build DIR --arch llama`)")
-    for name in ("inject_fault", "page_size", "cover"):
-        need(not getattr(c, name), f"--{name.replace('_', '-')} applies to the built-in engine, not --engine vllm")
-    need(c.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
-    try:
-        check_args(c.candidate_args)
-    except VLLMArgsError as e:
-        need(False, f"--candidate-args: {e}")
-
-
 def describe(cfg, python: str, cands: list[VLLMPool], ref: VLLMPool, n_sessions: int) -> str:
     """The `--dry-run` plan of a vLLM run: pools, commands, environment, what is read from the servers."""
     lines = [f"engine vLLM ({python}), backend openai; model {Path(cfg.model_path).expanduser().resolve()}",
@@ -210,8 +193,6 @@ def describe(cfg, python: str, cands: list[VLLMPool], ref: VLLMPool, n_sessions:
 
 def engine_spec(pool: VLLMPool, interval: int | None = None):
     """The EngineSpec of a pool (records' `engine`): block size = draft tokens + 1 (the verify width)."""
-    from harness.plan import EngineSpec
-
     return EngineSpec(interval if pool.prefix_caching else None,
                       pool.draft_tokens + 1 if pool.draft_tokens else None,
                       "vllm-prefix-cache" if pool.prefix_caching else None, 1, None, pool.speculative,

@@ -1,0 +1,151 @@
+"""The target interface: what a run's servers are, and how the harness starts, reads and checks them.
+
+A target is one kind of thing a run gates: the built-in engine under Ray, vLLM
+under Ray, already-running endpoints, ... (the registry is harness/targets/__init__.py).
+harness/run.py calls only these methods, in this order:
+
+1. `validate` (from RunConfig, before anything else): the target's own settings;
+2. `probe`: what servers report before anything is written (already-running ones only);
+3. `workload` and `sessions`: what the workload is built for (intervals, block size,
+   tokenizer, context), and its sessions;
+4. `plan`: the pools (candidates, the reference, --diagnose's and --calibrate's), and
+   `describe`, what `--dry-run` prints;
+5. `servers`: start the pools (a Ray replica actor per replica runs `launch(pool)`'s
+   command) or wrap the endpoints; `settle`: read back what the started servers report
+   and fix the plan to it; `check_reported`: a server that runs something else than its
+   pool asked for stops the run, with a message that says so;
+6. `finish`: lines for the log once the pools have been driven.
+
+`Reported` is what a server says it runs, read from the server info its backend's
+probe returns (SGLang's server-args names, whatever the backend).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from harness.backends import PROBE_KEY
+from harness.backends.info import block_size_of, speculative, strategy_of
+from harness.plan import Plan
+from harness.workload import WorkloadTarget, load_sessions
+from reports.gate import EXTERNAL_DRIFT_TOLERANCE
+
+if TYPE_CHECKING:
+    from harness.config import RunConfig
+    from harness.pools import Pool
+
+CONTROLS = ("calibrate", "candidate_args", "diagnose", "cover")  # run settings that add or change pools
+Need = Callable[[bool, str], None]  # need(ok, message) raises the ConfigError naming the flag
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What a server says it runs; None where it does not say. `unknown`: what it cannot report at all (the
+    report narrows)."""
+
+    interval: int | None
+    block_size: int | None
+    strategy: str | None
+    speculative: bool
+    radix_cache: bool
+    tokenizer: str | None  # its tokenizer's name where it gives one ("byte": the built-in engine's)
+    tokenizer_path: str | None  # where it loaded its tokenizer from (a path on its own machine)
+    context: int | None = None  # the longest sequence it serves
+    unknown: tuple[str, ...] = ()
+
+
+def reported_settings(info: dict) -> Reported:
+    """The Reported of a probed server info (SGLang's names, either spelling of the strategy and block size)."""
+    interval = info.get("mamba_track_interval")
+    radix = not info.get("disable_radix_cache", False)
+    name, path = info.get("tokenizer"), info.get("tokenizer_path")
+    contexts = [int(info[k]) for k in ("context_length", "max_context_length")
+                if isinstance(info.get(k), int) and not isinstance(info.get(k), bool) and info[k] > 0]
+    return Reported(int(interval) if interval is not None else None, block_size_of(info),
+                    strategy_of(info) if radix else None, speculative(info), radix,
+                    str(name) if name else None, str(path) if path else None, min(contexts, default=None),
+                    tuple((info.get(PROBE_KEY) or {}).get("unknown", ())))
+
+
+class Target(ABC):
+    """One kind of target. A subclass sets `key` (its registry name), `managed` (the harness starts its servers
+    under Ray) and `controls` (which of CONTROLS it offers: the others are refused before `validate`, with
+    `refused`'s message), and implements the abstract methods."""
+
+    key: ClassVar[str] = ""
+    managed: ClassVar[bool] = True
+    controls: ClassVar[frozenset[str]] = frozenset()
+    default_backend: ClassVar[str] = "sglang"  # --backend when not given
+    drift_tolerance: ClassVar[float] = EXTERNAL_DRIFT_TOLERANCE  # the gate's default --drift-tolerance
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+
+    # --- settings -------------------------------------------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def validate(cls, cfg: RunConfig, need: Need) -> None:
+        """The target's own settings (RunConfig validates the rest); `need(ok, message)` raises."""
+
+    @classmethod
+    def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
+        """Why `--<control>`, one of CONTROLS the target does not offer, is refused (the ConfigError message);
+        `offered_by`: the --engine values that offer it."""
+        where = f" (--engine {' or '.join(offered_by)} does)" if offered_by else ""
+        return f"--{control.replace('_', '-')} does not apply to this target{where}"
+
+    # --- workload -------------------------------------------------------------------------------------------
+    @abstractmethod
+    def workload(self, infos: dict[str, dict]) -> WorkloadTarget:
+        """What the workload is built for (infos: the probed servers' settings by URL, {} before any start)."""
+
+    def sessions(self, target: WorkloadTarget) -> tuple[list, int]:
+        """The sessions and how many were left out (harness/workload.py); ConfigError naming the flag."""
+        return load_sessions(self.cfg, target)
+
+    # --- pools ----------------------------------------------------------------------------------------------
+    @abstractmethod
+    def plan(self, sessions: list, infos: dict[str, dict]) -> Plan:
+        """The pools and the sessions each serves; HarnessError naming a server that cannot take its role."""
+
+    @abstractmethod
+    def describe(self, plan: Plan) -> str:
+        """What `--dry-run` prints (nothing is started)."""
+
+    # --- servers --------------------------------------------------------------------------------------------
+    def probe(self, generate: bool) -> dict[str, dict]:
+        """URL -> server info of servers that run already (with `generate`, one short request each); {} for
+        targets that start their own. HarnessError says what is wrong."""
+        return {}
+
+    @abstractmethod
+    def servers(self, plan: Plan, run_dir: Path, run_id: str) -> AbstractContextManager[tuple[list[Pool], Pool]]:
+        """A context holding the started (or wrapped) pools, (candidates, reference); it stops what it started."""
+
+    def settle(self, plan: Plan, cands: list[Pool], ref: Pool, infos: dict[str, dict]
+               ) -> tuple[Plan, dict[str, dict]]:
+        """The plan and server infos once the servers run (a target that learns its pools' settings from its
+        servers fixes the plan here); HarnessError when they cannot be gated."""
+        return plan, infos
+
+    def reported(self, info: dict) -> Reported:
+        """What a server of this target says it runs."""
+        return reported_settings(info)
+
+    def check_reported(self, pool, url: str, info: dict) -> str | None:
+        """Why the server at `url` contradicts what `pool` (name, role, engine) asked for; None when it agrees.
+        Here: a candidate's checkpoint interval, where the plan has one."""
+        interval = self.reported(info).interval
+        planned = pool.engine.interval
+        if pool.role == "candidate" and interval is not None and planned is not None and interval != planned:
+            return f"pool {pool.name}: the server reports mamba_track_interval {interval}"
+        return None
+
+    def finish(self, run_dir: Path) -> list[str]:
+        """Lines for the log after the pools were driven (read from the run directory)."""
+        return []

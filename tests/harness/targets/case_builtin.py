@@ -1,0 +1,46 @@
+"""The built-in engine's contract case: what engine.serve reports is its EngineConfig (engine/engine.py
+server_info), built here from the very config each pool's replicas are launched with."""
+
+from __future__ import annotations
+
+from engine.config import EngineConfig
+from engine.server.app import tokenizer_info
+from harness.targets.base import Reported
+from protocol.tokenizer import BYTE_TOKENIZER_JSON
+from tests.harness.targets.contract import Case
+
+
+def agreeing(pool, launch) -> dict:
+    """engine.serve's /server_info for the EngineConfig the pool's replicas are started with."""
+    return {**EngineConfig(**launch.engine_cfg).to_dict(), **tokenizer_info()}
+
+
+def reported(pool) -> Reported:
+    e = pool.engine
+    return Reported(e.interval if e.radix_cache else 128, e.block_size, e.strategy, e.speculative, e.radix_cache,
+                    "byte", str(BYTE_TOKENIZER_JSON))  # the reference's interval: unused, the flags' first
+
+
+def case(tmp_path) -> Case:
+    info = agreeing(None, _launch_of_i128())
+    return Case(
+        argv=["--intervals", "128,256", "--concurrency", "4"],
+        pools=["i128", "i256", "reference"],
+        agreeing=agreeing, reported=reported,
+        contradicting=[("i128", dict(info, mamba_track_interval=256),
+                        "pool i128: the server reports mamba_track_interval 256")],
+        workload=((128, 256), 8, "byte"),
+        candidate_args=["--candidate-args", "--max-state-slots 12"],
+        refused=[(["--backend", "openai"], "--backend openai drives already-running servers"),
+                 (["--candidate-args", "--mamba-track-interval 64"],
+                  "--candidate-args: --mamba-track-interval is set by the harness"),
+                 (["--cover", "--suite", "load"], "--cover runs its own suite")],
+    )
+
+
+def _launch_of_i128():
+    from harness.cli import from_argv
+    from harness.targets import make_target
+
+    target = make_target(from_argv(["--intervals", "128,256"], {})[0])
+    return target.launch(target.plan([], {}).candidates[0])
