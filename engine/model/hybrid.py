@@ -61,8 +61,14 @@ class HybridLM(nn.Module):
         return self.norm(x), aux
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits over the vocabulary (tied LM head)."""
-        return hidden.float() @ self.embed.weight.float().t()
+        """Logits over the vocabulary (tied LM head), returned as fp32.
+
+        The head runs in the weights' dtype, as GPU engines run it (vLLM, and SGLang without
+        --enable-fp32-lm-head): in bf16 the logits are bf16 values, converted to fp32 for
+        log-softmax and sampling. In fp32 it is the plain fp32 product.
+        """
+        w = self.embed.weight
+        return (hidden.to(w.dtype) @ w.t()).float()
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
