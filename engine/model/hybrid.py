@@ -11,7 +11,7 @@ from engine.model.attention import Attention
 from engine.model.batch import ForwardBatch
 from engine.model.config import HybridConfig
 from engine.model.gdn import GatedDeltaNet
-from engine.model.layers import MLP, RMSNorm
+from engine.model.layers import MLP, RMSNorm, linear
 from engine.tp.group import SINGLE, TPContext
 
 
@@ -68,7 +68,9 @@ class HybridLM(nn.Module):
         log-softmax and sampling. In fp32 it is the plain fp32 product.
         """
         w = self.embed.weight
-        return (hidden.to(w.dtype) @ w.t()).float()
+        if w.dtype == torch.float32:
+            return hidden.float() @ w.t()
+        return linear(hidden.to(w.dtype), w).float()
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:
