@@ -9,6 +9,9 @@ Every rate is measured on the wall clock and on this process's CPU clock (the cp
 brackets and in the roofline fractions, is the steadier one on a shared machine: torch runs one
 thread here, so CPU seconds are the seconds the work had a core).
 
+`--dtype bfloat16` runs the engine (and the roofline's matmuls) in bf16: run it beside the fp32
+default to see what bf16 costs on this CPU (one without native bf16 matmuls emulates them).
+
 Prints figures (no assertions). Usage: python benchmarks/engine_throughput.py [--preset small] [--new 64]
 """
 
@@ -23,7 +26,7 @@ import torch
 from engine.config import EngineConfig
 from engine.engine import Engine
 from engine.io_struct import GenerateRequest, SamplingParams
-from engine.model.layers import ColumnParallelLinear, RowParallelLinear
+from engine.model.layers import ColumnParallelLinear, RowParallelLinear, linear
 
 
 def _reqs(n: int, plen: int, new: int, tag: str) -> list[GenerateRequest]:
@@ -62,15 +65,16 @@ def since(t0: tuple[float, float]) -> tuple[float, float]:
     return t1[0] - t0[0], t1[1] - t0[1]
 
 
-def roofline(model: torch.nn.Module, rows: int, repeats: int = 3) -> float:
-    """CPU-clock FLOP/s of F.linear over the model's weight shapes at `rows` tokens per matmul, best of repeats."""
-    weights = [(torch.randn(rows, i), torch.randn(o, i)) for i, o in linear_shapes(model)]
+def roofline(model: torch.nn.Module, rows: int, repeats: int = 3, dtype: torch.dtype = torch.float32) -> float:
+    """CPU-clock FLOP/s of the engine's `linear` over the model's weight shapes at `rows` tokens per matmul, best of
+    repeats."""
+    weights = [(torch.randn(rows, i, dtype=dtype), torch.randn(o, i, dtype=dtype)) for i, o in linear_shapes(model)]
     flops = sum(2 * rows * w.shape[0] * w.shape[1] for _, w in weights)
     best = float("inf")
     for _ in range(repeats):
         t = time.process_time()
         for x, w in weights:
-            torch.nn.functional.linear(x, w)
+            linear(x, w)  # the engine's linear: in bf16 on a CPU, fp32 products of the bf16 values
         best = min(best, time.process_time() - t)
     return flops / best
 
@@ -83,16 +87,17 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (local processes, gloo)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="the engine's --dtype")
     ap.add_argument("--roofline-batch", type=int, default=2048, help="rows of the roofline matmuls")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    base = dict(model_path=args.model_path, model_preset=args.preset, disable_radix_cache=True)
+    base = dict(model_path=args.model_path, model_preset=args.preset, disable_radix_cache=True, dtype=args.dtype)
     e = Engine(EngineConfig(**base))
     n_params = sum(p.numel() for p in e.runner.model.parameters())
-    print(f"model {args.preset}: {n_params:,} parameters, torch threads {args.threads}")
+    print(f"model {args.preset}: {n_params:,} parameters, dtype {args.dtype}, torch threads {args.threads}")
     ids = _reqs(1, 1024, 1, "p")[0].input_ids
     model = e.runner.model
-    peak = roofline(model, args.roofline_batch)
+    peak = roofline(model, args.roofline_batch, dtype=e.runner.dtype)
     print(f"matmul roofline (the model's {len(linear_shapes(model))} weight shapes x {args.roofline_batch} rows): "
           f"{peak / 1e9:.2f} GFLOP/s")
     t = now()

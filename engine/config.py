@@ -14,7 +14,8 @@ from engine.model.config import PRESETS
 SPEC_ALGORITHMS = ("NONE", "DFLASH")
 MAMBA_STRATEGIES = ("extra_buffer", "no_buffer")
 DRAFTER_MODES = ("model", "scripted")
-MAMBA_SSM_DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16")
+MAMBA_SSM_DTYPES = DTYPES
 
 
 def setting(default, help: str, group: str, choices: tuple | None = None):
@@ -33,6 +34,10 @@ class EngineConfig:
     seed: int = setting(0, "seed for random weights and default sampling seed", "model")
     tp_size: int = setting(1, "tensor-parallel ranks", "model")
     device: str = setting("cpu", "torch device ('cpu', 'cuda', 'cuda:1', ...)", "model")
+    dtype: str = setting("float32", "dtype of the weights, activations, KV pool and conv windows; also of the "
+                         "linear-attention states unless --mamba-ssm-dtype says otherwise. bfloat16 serves as GPU "
+                         "engines do (its own numerics, docs/engine.md); the LM head runs in it and the logits are "
+                         "converted to fp32 for log-softmax and sampling", "model", DTYPES)
     force_torch_kernels: bool = setting(False, "use the torch reference kernels even on CUDA (A/B checks)", "model")
     speculative_algorithm: str = setting("NONE", "DFLASH: block drafts verified in one target forward; NONE: plain "
                                          "decoding", "speculative decoding", SPEC_ALGORITHMS)
@@ -56,9 +61,9 @@ class EngineConfig:
                                    "cache and memory")
     chunked_prefill_size: int = setting(512, "prompt tokens prefilled per step (all requests together)",
                                         "cache and memory")
-    mamba_ssm_dtype: str = setting("float32", "dtype the linear-attention (SSM) states are stored in: working "
-                                   "states, checkpoints and verify intermediates (computation stays fp32)",
-                                   "cache and memory", MAMBA_SSM_DTYPES)
+    mamba_ssm_dtype: str | None = setting(None, "dtype the recurrent linear-attention (SSM) states are stored in: "
+                                          "working states, checkpoints and verify intermediates (computation stays "
+                                          "fp32); default: --dtype", "cache and memory", MAMBA_SSM_DTYPES)
     disable_overlap_schedule: bool = setting(False, "process each step's results before scheduling the next one; by "
                                              "default (as in SGLang) a step's results are processed after the next "
                                              "step is launched, one step late", "scheduling")
@@ -71,6 +76,11 @@ class EngineConfig:
     @property
     def speculative(self) -> bool:
         return self.speculative_algorithm == "DFLASH"
+
+    @property
+    def ssm_dtype(self) -> str:
+        """The dtype the recurrent states are stored in: --mamba-ssm-dtype, else --dtype."""
+        return self.mamba_ssm_dtype or self.dtype
 
     @property
     def radix_cache(self) -> bool:
@@ -97,8 +107,9 @@ class EngineConfig:
         """Raise ValueError naming the offending setting (SGLang's checks plus ours)."""
         for f in fields(self):
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise ValueError(f"{f.name} must be one of {choices}, got {getattr(self, f.name)!r}")
+            value = getattr(self, f.name)
+            if choices and value not in choices and not (value is None and f.default is None):
+                raise ValueError(f"{f.name} must be one of {choices}, got {value!r}")
         for name in ("tp_size", "speculative_num_draft_tokens", "mamba_track_interval", "page_size",
                      "max_running_requests", "max_total_tokens", "chunked_prefill_size"):
             if getattr(self, name) < 1:

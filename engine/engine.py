@@ -116,6 +116,7 @@ class Engine:
     def server_info(self) -> dict:
         info = self.cfg.to_dict()
         info.update(
+            mamba_ssm_dtype=self.cfg.ssm_dtype,  # the resolved dtype (the setting's default follows --dtype)
             model_config=self.model_config.to_dict(), max_context_length=self.max_context,
             block_size=self.cfg.speculative_num_draft_tokens if self.cfg.speculative else None,
             avg_accept_length=self.stats()["avg_accept_length"],

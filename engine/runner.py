@@ -22,6 +22,7 @@ from engine.model.weights import WeightsError, load_config, load_full_state_dict
 from engine.tp.group import SINGLE, TPContext
 
 DEFAULT_WEIGHTS = Path(__file__).resolve().parent / "weights" / "default"
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # EngineConfig.dtype / ssm_dtype
 
 
 def resolve_model(cfg: EngineConfig) -> tuple[HybridConfig, dict, dict | None]:
@@ -47,11 +48,12 @@ class ModelRunner:
         self.device = torch.device(cfg.device)
         mcfg, full, drafter_full = resolve_model(cfg)
         self.model_cfg = mcfg
-        self.model = HybridLM(mcfg, tp).to(self.device).eval()
+        self.dtype = TORCH_DTYPES[cfg.dtype]  # weights and activations (bf16 weights load exactly: they are bf16)
+        self.model = HybridLM(mcfg, tp).to(self.device, self.dtype).eval()
         load_full_state_dict(self.model, full)
         self.model.requires_grad_(False)  # serving never builds autograd graphs, whatever the grad mode
-        ssm_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.mamba_ssm_dtype]
-        self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device, ssm_dtype)
+        self.caches = ModelCaches.build(mcfg, num_pages, cfg.page_size, num_state_slots, tp, self.device,
+                                        TORCH_DTYPES[cfg.ssm_dtype], self.dtype)
         self.drafter = None
         self._last_verify = None
         self._verify_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block size -> verify buffers
@@ -59,12 +61,12 @@ class ModelRunner:
         if cfg.speculative and cfg.drafter_mode == "model" and tp.rank == 0:
             if drafter_full is None:
                 raise WeightsError(f"{cfg.model_path}: no drafter.safetensors, needed for DFLASH")
-            self.drafter = DFlashDrafter(mcfg).to(self.device).eval()
+            self.drafter = DFlashDrafter(mcfg).to(self.device, self.dtype).eval()
             load_full_state_dict(self.drafter, drafter_full)
             self.drafter.requires_grad_(False)
             # drafter context cache: same page tables as the target's KV, its own tensors
             self.draft_kv = KVPool(mcfg.drafter_num_layers, num_pages, cfg.page_size, mcfg.num_key_value_heads,
-                                   mcfg.head_dim, device=self.device)
+                                   mcfg.head_dim, dtype=self.dtype, device=self.device)
         self.capture = mcfg.drafter_target_layers if self.drafter is not None else ()
 
     @property

@@ -7,8 +7,9 @@ ones at track-interval boundaries), or a checkpoint owned by the radix tree.
 The recurrent state is stored in `ssm_dtype` (SGLang's `--mamba-ssm-dtype`:
 float32, or bfloat16, whose rounding alone changes greedy tokens on cache hits,
 SGLang PR #33515); the kernels always compute in fp32 and round when they store.
-The conv window holds raw inputs and stays in the activation dtype (fp32 here),
-as SGLang's conv state follows the model dtype, not the SSM one.
+The conv window holds raw inputs and is stored in the activation dtype
+(`conv_dtype`, the engine's `--dtype`), as SGLang's conv state follows the model
+dtype, not the SSM one.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from engine.cache.free_list import FreeList
 class StatePool:
     def __init__(self, num_layers: int, num_slots: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
                  conv_dim: int, conv_kernel: int, device: str | torch.device = "cpu",
-                 ssm_dtype: torch.dtype = torch.float32):
+                 ssm_dtype: torch.dtype = torch.float32, conv_dtype: torch.dtype = torch.float32):
         self.num_slots = num_slots
         self.rec = torch.zeros(num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim, dtype=ssm_dtype,
                                device=device)
-        self.conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, device=device)
+        self.conv = torch.zeros(num_layers, num_slots, conv_dim, conv_kernel - 1, dtype=conv_dtype, device=device)
         self._slots = FreeList(num_slots, "state slot")
 
     @property

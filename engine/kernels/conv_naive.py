@@ -23,11 +23,16 @@ def causal_conv1d(
 
 
 def _conv(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(SiLU(conv) [B, C, T], the inputs [window | x] [B, C, K-1+T])."""
+    """(SiLU(conv) [B, C, T] in x's dtype, the inputs [window | x] [B, C, K-1+T] in x's dtype).
+
+    The products, their sum and the SiLU are fp32 and rounded once to x's dtype, as the CUDA
+    causal-conv kernels (and conv_triton) compute them; in fp32 these are the plain fp32 ops.
+    """
     K = weight.shape[1]
-    xx = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, C, K-1+T]
+    xx = torch.cat([conv_state.to(x.dtype), x.transpose(1, 2)], dim=2)  # [B, C, K-1+T]: raw inputs
     frames = xx.unfold(2, K, 1)  # [B, C, T, K]
-    return torch.nn.functional.silu((frames * weight[None, :, None, :].to(x.dtype)).sum(-1)), xx
+    y = torch.nn.functional.silu((frames.float() * weight.float()[None, :, None, :]).sum(-1))
+    return y.to(x.dtype), xx
 
 
 def causal_conv1d_verify(

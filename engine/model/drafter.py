@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.model.config import HybridConfig
-from engine.model.layers import MLP, RMSNorm, rope
+from engine.model.layers import MLP, Linear, RMSNorm, rope
 
 
 class DrafterLayer(nn.Module):
@@ -28,10 +28,10 @@ class DrafterLayer(nn.Module):
         self.h, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.theta = cfg.rope_theta
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(cfg.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
+        self.v_proj = Linear(cfg.hidden_size, self.hkv * self.d, bias=False)
+        self.o_proj = Linear(self.h * self.d, cfg.hidden_size, bias=False)
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
@@ -60,7 +60,7 @@ class DFlashDrafter(nn.Module):
     def __init__(self, cfg: HybridConfig):
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(len(cfg.drafter_target_layers) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = Linear(len(cfg.drafter_target_layers) * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.ctx_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.drafter_num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -11,7 +11,7 @@ from engine.model.attention import Attention
 from engine.model.batch import ForwardBatch
 from engine.model.config import HybridConfig
 from engine.model.gdn import GatedDeltaNet
-from engine.model.layers import MLP, RMSNorm
+from engine.model.layers import MLP, RMSNorm, linear
 from engine.tp.group import SINGLE, TPContext
 
 
@@ -61,8 +61,16 @@ class HybridLM(nn.Module):
         return self.norm(x), aux
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits over the vocabulary (tied LM head)."""
-        return hidden.float() @ self.embed.weight.float().t()
+        """Logits over the vocabulary (tied LM head), returned as fp32.
+
+        The head runs in the weights' dtype, as GPU engines run it (vLLM, and SGLang without
+        --enable-fp32-lm-head): in bf16 the logits are bf16 values, converted to fp32 for
+        log-softmax and sampling. In fp32 it is the plain fp32 product.
+        """
+        w = self.embed.weight
+        if w.dtype == torch.float32:
+            return hidden.float() @ w.t()
+        return linear(hidden.to(w.dtype), w).float()
 
     @torch.no_grad()
     def init_random(self, seed: int) -> None:

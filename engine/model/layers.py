@@ -1,4 +1,4 @@
-"""Building blocks: RMSNorm, gated RMSNorm, RoPE, tensor-parallel linears, SwiGLU MLP."""
+"""Building blocks: linear (bf16 as on a GPU), RMSNorm, gated RMSNorm, RoPE, tensor-parallel linears, SwiGLU MLP."""
 
 from __future__ import annotations
 
@@ -7,6 +7,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from engine.tp.group import SINGLE, TPContext
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear; bf16 on a CPU is computed as a GPU computes it: fp32 products and sums of the bf16 values,
+    rounded once to bf16.
+
+    That is the math of torch's own CPU bf16 GEMM too (fp32 accumulation), which on CPUs without
+    bf16 instructions runs 2-4x slower than the fp32 GEMM used here; only the order of the fp32
+    sums differs. fp32 (and CUDA) inputs take the plain F.linear.
+    """
+    if x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and x.device.type == "cpu":
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names) through `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -51,7 +71,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(sum(self.local_splits))) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
     def shard_full(self, name: str, full: torch.Tensor) -> torch.Tensor:
         """This rank's rows of a full [sum(splits), ...] tensor."""
@@ -72,7 +92,7 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, self.in_local))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(F.linear(x, self.weight))
+        return self.tp.all_reduce(linear(x, self.weight))
 
     def shard_full(self, name: str, full: torch.Tensor) -> torch.Tensor:
         r = self.tp.rank

@@ -51,9 +51,18 @@ def main() -> int:
         cases.append((conv_triton._conv_window_kernel,
                       dict(x=act, y=act, pool=st, slots="*i64", weight=act, inter=st),
                       (), dict(KW=3, BF=4, BW=4, BC=256, VERIFY=verify), 4))
-    cases.append((_state_scatter_kernel,
-                  dict(rec_pool=st, rec_inter=st, conv_pool=st, conv_inter=st, working_slots="*i64",
-                       commit_steps="*i64", track_slots="*i64", track_steps="*i32"),
+    scatter_idx = dict(working_slots="*i64", commit_steps="*i64", track_slots="*i64", track_steps="*i32")
+    cases.append((_state_scatter_kernel, dict(rec_pool=st, rec_inter=st, conv_pool=st, conv_inter=st, **scatter_idx),
+                  (), dict(BLOCK=1024), 4))
+    # the bf16 engine's calls (--dtype bfloat16): fp32 q/k/v/g/beta from the layer, bf16 pools and intermediates
+    f32, bf = "*fp32", "*bf16"
+    bf16_gdn = dict(gdn_ptrs, q=f32, k=f32, v=f32, g=f32, beta=f32, o=f32, pool=bf, inter=bf)
+    for verify in (False, True):
+        cases.append((gdn_triton._gdn_recurrent_kernel, bf16_gdn, ("scale",),
+                      dict(gdn_dims, VERIFY=verify, TRACK=not verify), 1))
+        cases.append((conv_triton._conv_window_kernel, dict(x=bf, y=bf, pool=bf, slots="*i64", weight=bf, inter=bf),
+                      (), dict(KW=3, BF=4, BW=4, BC=256, VERIFY=verify), 4))
+    cases.append((_state_scatter_kernel, dict(rec_pool=bf, rec_inter=bf, conv_pool=bf, conv_inter=bf, **scatter_idx),
                   (), dict(BLOCK=1024), 4))
     for fn, pointers, floats, constexprs, num_warps in cases:
         src = ASTSource(fn, _signature(fn, pointers, floats, constexprs), constexprs=constexprs)
