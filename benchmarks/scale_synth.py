@@ -7,6 +7,11 @@ candidate output as the driver builds it), and `--tokens T` extends each output 
 positions (token, log-prob, top-k) drawn at random from the sources' references, the same draw in
 the candidate and its reference, so the extension adds no drift and no divergence. The extended
 verify trace follows the boundary rule (or tracks nothing where the source ran `stale-seq-lens`).
+
+So that copies are as varied as a real run's requests (a compressor must not find copy k in copy j),
+each copy maps byte token ids through its own permutation (in prompts, outputs and top-k alike: which
+tokens are equal is kept) and scales every log-prob by a factor within 1e-3 of 1 drawn per position and
+top-k slot (the same factor in the candidate and its reference), rounded to float32 as an engine's are.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from protocol.boundaries import step_to_track
 from records.jsonl import RecordFiles, load_run
@@ -74,8 +81,14 @@ class SynthSession:
         self.suite, self.group, self.targets = first["suite"], case.pop("group", ""), case.pop("targets", "")
         self.interval = case.pop("interval", None)
         self.meta = {**case, "case_id": first["case_id"]}
-        self.turns = tuple(SynthTurn(max(c["max_new_tokens"], tokens), self._suffix(n))
+        perm = list(range(256))
+        random.Random(copy).shuffle(perm)
+        self.sigma = np.array(perm + list(range(256, 1 << 16)), dtype=np.int64)  # ids >= 256 (specials) kept
+        self.turns = tuple(SynthTurn(max(c["max_new_tokens"], tokens), self._map(self._suffix(n)))
                            for n, (c, _) in enumerate(template.turns))
+
+    def _map(self, ids) -> tuple[int, ...]:
+        return tuple(self.sigma[np.asarray(ids, dtype=np.int64)].tolist()) if len(ids) else ()
 
     def _suffix(self, n: int) -> tuple[int, ...]:
         if n == 0:
@@ -88,7 +101,7 @@ class SynthSession:
     def turn_input(self, turn: int, prev_input: list[int] | None, prev_output: list[int] | None) -> list[int]:
         """Turn 0: the source prompt stamped with the copy's number; later turns: prev input + output + suffix."""
         if turn == 0:
-            ids = list(self.t.turns[0][0]["input_ids"])
+            ids = list(self._map(self.t.turns[0][0]["input_ids"]))
             code = self.copy * 8 + self.t.source
             for i in range(min(STAMP_TOKENS, len(ids))):
                 ids[i], code = 97 + code % 26, code // 26
@@ -96,19 +109,32 @@ class SynthSession:
         return list(prev_input) + list(prev_output) + list(self.turns[turn].suffix_ids)
 
     def answer(self, turn: int, role: str, input_len: int) -> Generation:
-        """What the server answered the source turn, extended to `tokens` output tokens."""
+        """What the server answered the source turn, extended to `tokens` output tokens, in this copy's ids."""
         cand, ref = self.t.turns[turn]
         src = cand if role == "candidate" else ref
-        rng = random.Random(f"{self.session_id}/{turn}")  # the same draw for the candidate and its reference
+        rng = random.Random(f"{self.session_id}/{turn}")  # the same draws for the candidate and its reference
+        longest = max(len(cand["output_ids"]), len(ref["output_ids"]))
         ext = rng.choices(self.positions, k=max(0, self.tokens - min(len(cand["output_ids"]), len(ref["output_ids"]))))
         ext = ext[:max(0, self.tokens - len(src["output_ids"]))]
-        out = src["output_ids"] + [p[0] for p in ext]
-        trace = self._trace(src, turn, input_len, len(out), rng) if src["spec_trace"] is not None else None
+        ids = src["output_ids"] + [p[0] for p in ext]
+        lps = src["output_logprobs"] + [p[1] for p in ext]
+        top = src["output_top_logprobs"] + [p[2] for p in ext]
+        k = 1 + max((len(t) for r in (cand, ref) for t in r["output_top_logprobs"]), default=2)  # same in both
+        scale = 1 + (np.random.default_rng(rng.getrandbits(64)).random((max(longest, self.tokens), k)) - 0.5) * 2e-3
+        out = self._map(ids)
+        new_lps = (np.asarray(lps) * scale[:len(lps), 0]).astype(np.float32).astype(float).tolist()
+        new_top = []
+        for p, entries in enumerate(top):
+            row = []
+            for j, (lp, tok) in enumerate(entries):
+                same = tok == ids[p] and lp == lps[p]  # the chosen token's entry keeps its log-prob
+                row.append([new_lps[p] if same else float(np.float32(lp * scale[p, j + 1])), int(self.sigma[tok])])
+            new_top.append(row)
+        trace = self._trace(src, turn, input_len, len(out), random.Random(f"{self.session_id}/{turn}/trace")) \
+            if src["spec_trace"] is not None else None
         return Generation(
-            output_ids=out, output_text=src["output_text"] + "".join(chr(p[0]) if 32 <= p[0] < 127 else "?"
-                                                                     for p in ext),
-            output_logprobs=src["output_logprobs"] + [p[1] for p in ext],
-            output_top_logprobs=src["output_top_logprobs"] + [p[2] for p in ext],  # shared lists: never mutated
+            output_ids=list(out), output_text="".join(chr(t) if 32 <= t < 127 else "?" for t in out),
+            output_logprobs=new_lps, output_top_logprobs=new_top,
             cached_tokens=src["cached_tokens"], completion_tokens=len(out), finish_reason=src["finish_reason"],
             spec_verify_ct=len(trace) if trace is not None else src["spec_verify_ct"],
             spec_accept_length=len(out) / len(trace) if trace else src["spec_accept_length"],
