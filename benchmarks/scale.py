@@ -9,16 +9,19 @@ Make the sources first (real runs of the built-in engine):
     python -m harness.run --intervals 128 --concurrency 4 --runs-dir /tmp/scale-src --run-id fault \
         --inject-fault stale-seq-lens --no-progress
 
-Run directories are synthesized from them (benchmarks/scale_synth.py: every candidate with its own reference,
-classes and restore links kept; `--tokens 0` keeps the sources' own lengths, ~37 tokens) and written through
-RecordFiles as a run writes them. Per size it prints: bytes on disk of `records/` per output token (candidates'
-and references' output tokens together); `python -m reports.render` CPU time and max RSS (a child process, its
-rusage); the resume's load (what harness/run.py loads on --resume: `load_run(...).candidates_by_key()` and the
-references; and, where records/ has it, the resume index); the driver's bookkeeping (the real harness.driver
-against a backend that answers instantly with the same synthesized answers: peak RSS less the RSS before the
-run). A size whose figure is predicted (linearly from the smaller sizes) above --max-rss-gb / --max-disk-gb /
---max-cpu-s is not run: the prediction is printed, marked "~ (extrapolated)". Each size's directory is deleted
-after it is measured unless --keep.
+Run directories are synthesized from them (benchmarks/scale_synth.py: every candidate with its own
+reference, classes and restore links kept; `--tokens 0` keeps the sources' own lengths, ~37 tokens) and
+written through RecordFiles as a run writes them. Per size it prints:
+  records  bytes on disk of `records/` per output token (candidates' and references' together);
+  render   `python -m reports.render` CPU time and peak RSS (a child process);
+  resume   what harness/run.py loads on --resume: `load_run(...).candidates_by_key()` and the references;
+  index    where records/ has it, `RunReader(...).resume_index()`;
+  driver   the real harness.driver against a backend that answers at once with the synthesized answers:
+           its bookkeeping is the RSS when Driver.run returns (before the records are closed) less the RSS
+           before the run.
+Peak RSS is each child's own VmHWM. A size whose figure is predicted (linearly from the smaller sizes) above
+--max-rss-gb / --max-disk-gb / --max-cpu-s is not run: the prediction is printed, marked "(extrapolated)".
+Each size's directory is deleted after it is measured unless --keep.
 """
 
 from __future__ import annotations
@@ -35,21 +38,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import scale_synth  # noqa: E402
-from records.jsonl import load_run  # noqa: E402
 
 GB = 1 << 30
 
 
-def child(argv: list[str]) -> tuple[float, int, str]:
-    """Run a child process; (CPU seconds, max RSS bytes, stdout) from its own rusage."""
+def child(args: list[str]) -> tuple[float, int, str]:
+    """Run `python -m MODULE ARGS` or `python scale.py _CMD ARGS` in a child; (CPU seconds from its rusage, its
+    peak RSS, its stdout). The peak is the child's own VmHWM: rusage's ru_maxrss would count the parent's
+    pages, which a forked child holds until it execs."""
+    argv = [sys.executable, __file__, "_hwm", *args]
     p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode not in (0, 1):  # 1: the gate failed (the fault source's records), still a rendered report
         raise SystemExit(f"{' '.join(argv)} exited {p.returncode}")
-    return ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024, out
+    lines = out.strip().splitlines()
+    return ru.ru_utime + ru.ru_stime, int(lines[-1].split(":", 1)[1]), "\n".join(lines[:-1])
+
+
+def _hwm(args: list[str]) -> int:
+    """Run a module (`-m NAME ARGS`) or one of this script's commands, then print `hwm:<peak RSS bytes>`."""
+    import runpy
+
+    code = 0
+    try:
+        if args[0] == "-m":
+            sys.argv = args[1:]
+            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+        elif args[0] == "_driver":
+            _driver(int(args[1]), int(args[2]), Path(args[3]), args[4:])
+        else:
+            {"_resume": _resume, "_index": _index}[args[0]](*args[1:])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 2
+    sys.stdout.flush()
+    print(f"hwm:{proc_status('VmHWM')}", flush=True)
+    return code
 
 
 def disk_bytes(path: Path) -> int:
@@ -81,6 +106,7 @@ def fmt_mb(b: float) -> str:
 
 
 def measure_size(args, templates, positions, config, stats, n: int, tokens: int, pred: Predictor) -> dict:
+    from benchmarks import scale_synth
     label = f"{n // 1000}k x {'native' if tokens == 0 else tokens}"
     row: dict = {"size": label}
     run_dir = args.work / f"scale-{n}-{tokens}"
@@ -102,9 +128,9 @@ def measure_size(args, templates, positions, config, stats, n: int, tokens: int,
         bpt = pred.predict(f"disk/{key}", n) / pred.predict(f"tok/{key}", n)
         row["records"] = f"~{fmt_mb(want_disk)}, {bpt:.1f} B/token (extrapolated: over --max-disk-gb)"
         print(f"{label}: records {row['records']}", flush=True)
-    for what, argv in (("render", [sys.executable, "-m", "reports.render", str(run_dir)]),
-                       ("resume", [sys.executable, __file__, "_resume", str(run_dir)]),
-                       ("index", [sys.executable, __file__, "_index", str(run_dir)])):
+    for what, argv in (("render", ["-m", "reports.render", str(run_dir)]),
+                       ("resume", ["_resume", str(run_dir)]),
+                       ("index", ["_index", str(run_dir)])):
         if what == "index" and not has_index():
             continue
         row[what] = run_child(what, argv, f"{what}/{key}", n, pred, args, built)
@@ -134,13 +160,14 @@ def driver_figure(args, n: int, tokens: int, key: str, pred: Predictor) -> str:
     mem, cpu = pred.predict(f"driver/{key}/mem", n), pred.predict(f"driver/{key}/cpu", n)
     if (mem is not None and mem > args.max_rss_gb * GB) or (cpu is not None and cpu > args.max_cpu_s):
         return f"~bookkeeping {fmt_mb(mem)}, ~CPU {cpu:.0f} s (extrapolated: over --max-rss-gb / --max-cpu-s)"
-    argv = [sys.executable, __file__, "_driver", str(n), str(tokens), str(args.work), *map(str, args.source)]
-    cpu, peak, out = child(argv)
-    base = json.loads(out.strip().splitlines()[-1])["baseline"]
-    pred.add(f"driver/{key}/mem", n, peak - base)
+    argv = ["_driver", str(n), str(tokens), str(args.work), *map(str, args.source)]
+    cpu, _, out = child(argv)
+    got = json.loads(out.strip().splitlines()[-1])
+    held = got["done"] - got["baseline"]
+    pred.add(f"driver/{key}/mem", n, held)
     pred.add(f"driver/{key}/cpu", n, cpu)
-    return f"bookkeeping {fmt_mb(peak - base)} (peak RSS {fmt_mb(peak)} less {fmt_mb(base)} before the run), " \
-           f"CPU {cpu:.0f} s for {n} candidates and their references"
+    return f"bookkeeping {fmt_mb(held)} (RSS when Driver.run returns {fmt_mb(got['done'])} less " \
+           f"{fmt_mb(got['baseline'])} before it), CPU {cpu:.0f} s for {n} candidates and their references"
 
 
 def has_index() -> bool:
@@ -173,19 +200,21 @@ def _driver(n: int, tokens: int, work: Path, sources: list[str]) -> None:
     import asyncio
     import tempfile
 
+    from benchmarks import scale_synth
     from benchmarks.scale_driver import run_driver
 
     templates, positions, _ = scale_synth.load_templates([Path(s) for s in sources])
     sessions = [s for _, group in scale_synth.plan(templates, positions, n, tokens) for s in group]
     with tempfile.TemporaryDirectory(dir=work) as tmp:
-        baseline = rss_now()
-        asyncio.run(run_driver(sessions, Path(tmp)))
-    print(json.dumps({"baseline": baseline}))
+        baseline = proc_status("VmRSS")
+        done = asyncio.run(run_driver(sessions, Path(tmp), lambda: proc_status("VmRSS")))
+    print(json.dumps({"baseline": baseline, "done": done}))
 
 
-def rss_now() -> int:
+def proc_status(field: str) -> int:
+    """A /proc/self/status memory figure (VmRSS, VmHWM) in bytes."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     return 0
 
@@ -199,11 +228,8 @@ def sse(args) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1].startswith("_"):
-        cmd, rest = sys.argv[1], sys.argv[2:]
-        if cmd == "_driver":
-            return _driver(int(rest[0]), int(rest[1]), Path(rest[2]), rest[3:])
-        return {"_resume": _resume, "_index": _index}[cmd](*rest)
+    if len(sys.argv) > 1 and sys.argv[1] == "_hwm":
+        sys.exit(_hwm(sys.argv[2:]))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", nargs="?", default="records", choices=["records", "sse"])
     p.add_argument("--source", type=Path, action="append", help="a real run directory (repeatable)")
@@ -222,6 +248,9 @@ def main() -> None:
         return sse(args)
     if not args.source:
         p.error("--source RUN_DIR is required (see the module doc for how to make one)")
+    from benchmarks import scale_synth
+    from records.jsonl import load_run
+
     args.work.mkdir(parents=True, exist_ok=True)
     templates, positions, config = scale_synth.load_templates(args.source)
     stats = next(iter(load_run(args.source[0]).stats), None)

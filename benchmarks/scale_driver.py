@@ -74,8 +74,9 @@ class _Registering:
         return ids
 
 
-async def run_driver(sessions: list, run_dir: Path, concurrency: int = 8) -> None:
-    """Every session through harness.driver.Driver at one sweep point, records written to run_dir."""
+async def run_driver(sessions: list, run_dir: Path, rss, concurrency: int = 8) -> int:
+    """Every session through harness.driver.Driver at one sweep point, records written to run_dir; returns
+    `rss()` when the driver has finished, before the records are closed (a close may compact them)."""
     pool_name = sessions[0].t.pool
     interval = int(pool_name[1:]) if pool_name[1:].isdigit() else 128
     cfg = RunConfig(intervals=(interval,))
@@ -90,7 +91,10 @@ async def run_driver(sessions: list, run_dir: Path, concurrency: int = 8) -> Non
     driver = Driver(run_id="scale", concurrency=(concurrency,), candidates=[cand], reference=ref, files=files,
                     http=None, progress=progress, reference_concurrency=concurrency)
     await driver.run({pool_name: tuple(_Registering(s, backend) for s in sessions)})
+    backend.by_id.clear()  # the benchmark's own index, not the driver's
+    done = rss()
     files.close()
+    return done
 
 
 class _Content:
