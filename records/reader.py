@@ -83,7 +83,7 @@ class RunReader:
 
     def _part(self, path: Path) -> pq.ParquetFile:
         pf = pq.ParquetFile(path)
-        meta = pf.schema_arrow.metadata or {}
+        meta = pf.metadata.metadata or {}  # the footer's key-value metadata (records/compact.py writes it)
         self.corrupt += json.loads(meta.get(b"specgate.corrupt", b"[]"))
         return pf
 
