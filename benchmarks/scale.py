@@ -223,7 +223,7 @@ def sse(args) -> None:
     from benchmarks.scale_driver import sse_seconds
 
     for mb in args.mb:
-        secs, events = sse_seconds(mb * 1_000_000, args.chunk)
+        secs, events = sse_seconds(int(mb * 1_000_000), args.chunk)
         print(f"sse: one {mb} MB event in {args.chunk}-byte chunks: {secs:.2f} s ({events} event)", flush=True)
 
 
