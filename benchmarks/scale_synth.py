@@ -83,12 +83,17 @@ class SynthSession:
         self.meta = {**case, "case_id": first["case_id"]}
         perm = list(range(256))
         random.Random(copy).shuffle(perm)
-        self.sigma = np.array(perm + list(range(256, 1 << 16)), dtype=np.int64)  # ids >= 256 (specials) kept
+        self.perm = np.array(perm, dtype=np.int64)
         self.turns = tuple(SynthTurn(max(c["max_new_tokens"], tokens), self._map(self._suffix(n)))
                            for n, (c, _) in enumerate(template.turns))
 
+    def sigma(self, ids) -> np.ndarray:
+        """This copy's ids for byte token ids (< 256); other ids (specials) are kept."""
+        ids = np.asarray(ids, dtype=np.int64)
+        return np.where((ids >= 0) & (ids < 256), self.perm[np.clip(ids, 0, 255)], ids)
+
     def _map(self, ids) -> tuple[int, ...]:
-        return tuple(self.sigma[np.asarray(ids, dtype=np.int64)].tolist()) if len(ids) else ()
+        return tuple(self.sigma(ids).tolist()) if len(ids) else ()
 
     def _suffix(self, n: int) -> tuple[int, ...]:
         if n == 0:
@@ -123,13 +128,14 @@ class SynthSession:
         scale = 1 + (np.random.default_rng(rng.getrandbits(64)).random((max(longest, self.tokens), k)) - 0.5) * 2e-3
         out = self._map(ids)
         new_lps = (np.asarray(lps) * scale[:len(lps), 0]).astype(np.float32).astype(float).tolist()
-        new_top = []
-        for p, entries in enumerate(top):
-            row = []
-            for j, (lp, tok) in enumerate(entries):
-                same = tok == ids[p] and lp == lps[p]  # the chosen token's entry keeps its log-prob
-                row.append([new_lps[p] if same else float(np.float32(lp * scale[p, j + 1])), int(self.sigma[tok])])
-            new_top.append(row)
+        flat = [(p, j, lp, tok) for p, entries in enumerate(top) for j, (lp, tok) in enumerate(entries)]
+        new_top: list[list] = [[] for _ in top]
+        if flat:
+            pos, slot, lp, tok = (np.asarray(c) for c in zip(*flat, strict=True))
+            same = (tok == np.asarray(ids)[pos]) & (lp == np.asarray(lps)[pos])  # the chosen token's entry keeps
+            vals = np.where(same, np.asarray(new_lps)[pos], (lp * scale[pos, slot + 1]).astype(np.float32))  # its lp
+            for p, v, t in zip(pos.tolist(), vals.astype(float).tolist(), self.sigma(tok).tolist(), strict=True):
+                new_top[p].append([v, t])
         trace = self._trace(src, turn, input_len, len(out), random.Random(f"{self.session_id}/{turn}/trace")) \
             if src["spec_trace"] is not None else None
         return Generation(
