@@ -35,7 +35,7 @@ from records.columns import GENERIC_SCHEMA, PROMPT_SCHEMA, REQUEST_SCHEMA, gener
 from records.journal import iter_jsonl, truncate_partial_line
 
 FORMAT = "1"  # the parts' key-value metadata `specgate.records`
-BATCH_ROWS, BATCH_BYTES = 4096, 32 << 20  # one row group: at most this many records / journal bytes
+BATCH_ROWS, BATCH_BYTES = 4096, 8 << 20  # one row group: at most this many records / journal bytes (~50 MB of dicts)
 _FLOAT_LISTS = ("output_logprobs", "top_logprobs")  # plain zstd: a dictionary of unique floats only costs
 WRITE_OPTIONS = {"compression": "zstd", "compression_level": 3}
 Hook = Callable[[str], None]
