@@ -16,6 +16,7 @@ written through RecordFiles as a run writes them. Per size it prints:
   render   `python -m reports.render` CPU time and peak RSS (a child process);
   resume   what harness/run.py loads on --resume: `load_run(...).candidates_by_key()` and the references;
   index    where records/ has it, `RunReader(...).resume_index()`;
+  scan     where records/ has it, every column of every record as Arrow batches (`RunReader.batches`);
   driver   the real harness.driver against a backend that answers at once with the synthesized answers:
            its bookkeeping is the RSS when Driver.run returns (before the records are closed) less the RSS
            before the run.
@@ -69,7 +70,7 @@ def _hwm(args: list[str]) -> int:
         elif args[0] == "_driver":
             _driver(int(args[1]), int(args[2]), Path(args[3]), args[4:])
         else:
-            {"_resume": _resume, "_index": _index}[args[0]](*args[1:])
+            {"_resume": _resume, "_index": _index, "_scan": _scan}[args[0]](*args[1:])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     sys.stdout.flush()
@@ -130,8 +131,9 @@ def measure_size(args, templates, positions, config, stats, n: int, tokens: int,
         print(f"{label}: records {row['records']}", flush=True)
     for what, argv in (("render", ["-m", "reports.render", str(run_dir)]),
                        ("resume", ["_resume", str(run_dir)]),
-                       ("index", ["_index", str(run_dir)])):
-        if what == "index" and not has_index():
+                       ("index", ["_index", str(run_dir)]),
+                       ("scan", ["_scan", str(run_dir)])):
+        if what in ("index", "scan") and not has_index():
             continue
         row[what] = run_child(what, argv, f"{what}/{key}", n, pred, args, built)
         print(f"  {what:7s} {row[what]}", flush=True)
@@ -193,6 +195,17 @@ def _index(run_dir: str) -> None:
 
     index = RunReader(run_dir).resume_index()
     assert index.keys and index.reference_hashes
+
+
+def _scan(run_dir: str) -> None:
+    """Every column of every record as Arrow batches, duplicates dropped (what a streaming analyzer reads)."""
+    from records.reader import RunReader
+
+    reader, seen, rows = RunReader(run_dir), set(), 0
+    for stem in reader.stems():
+        for batch in reader.batches(stem, seen=seen):
+            rows += batch.num_rows
+    assert rows
 
 
 def _driver(n: int, tokens: int, work: Path, sources: list[str]) -> None:
@@ -258,7 +271,7 @@ def main() -> None:
     for tokens in [int(t) for t in args.tokens.split(",")]:
         for n in sorted(int(s) for s in args.sizes.split(",")):
             rows.append(measure_size(args, templates, positions, config, stats, n, tokens, pred))
-    cols = ["size", "records", "render", "resume", "index", "driver"]
+    cols = ["size", "records", "render", "resume", "index", "scan", "driver"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
