@@ -129,9 +129,31 @@ def to_batch(records: list[dict], inline_ids: Callable[[dict], bool]) -> pa.Reco
     return pa.RecordBatch.from_pydict(cols, schema=REQUEST_SCHEMA)
 
 
+def pylist(arr: pa.Array | pa.ChunkedArray, pairs_with: pa.Array | None = None) -> list:
+    """`arr.to_pylist()`, several times faster for (nested) list columns: the flat values go to Python in one
+    numpy call and are cut by the offsets. `pairs_with`: a second list<list<>> column of the same shape; the
+    innermost values become [a, b] pairs (the top-k entries)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+        pairs_with = pairs_with.combine_chunks() if isinstance(pairs_with, pa.ChunkedArray) else pairs_with
+    if not pa.types.is_list(arr.type):
+        if pairs_with is None:
+            return arr.to_numpy(zero_copy_only=False).tolist() if arr.null_count == 0 and pa.types.is_primitive(
+                arr.type) else arr.to_pylist()
+        return list(map(list, zip(pylist(arr), pylist(pairs_with), strict=True)))
+    inner = pylist(arr.values, pairs_with.values if pairs_with is not None else None)
+    cuts = arr.offsets.to_numpy().tolist()
+    out = [inner[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]
+    if arr.null_count:
+        out = [None if null else v for v, null in zip(out, arr.is_null().to_pylist(), strict=True)]
+    return out
+
+
 def from_batch(batch: pa.RecordBatch | pa.Table, prompt: Callable[[str], list[int]]) -> list[dict]:
     """The record dicts of a REQUEST_SCHEMA batch; `prompt(input_hash)` gives a stored prompt's ids."""
-    data = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+    names = set(batch.schema.names) - {TOP_LOGPROBS, TOP_IDS}
+    data = {name: pylist(batch.column(name)) for name in names}
+    data["topk"] = pylist(batch.column(TOP_LOGPROBS), batch.column(TOP_IDS))
     out = []
     for i in range(batch.num_rows):
         extra = json.loads(data["_extra"][i]) if data["_extra"][i] is not None else {}
@@ -143,9 +165,7 @@ def from_batch(batch: pa.RecordBatch | pa.Table, prompt: Callable[[str], list[in
             if name in extra:
                 rec[name] = extra[name]
             elif kind == "topk":
-                lps, ids = data[TOP_LOGPROBS][i], data[TOP_IDS][i]
-                rec[name] = None if lps is None else [[[a, b] for a, b in zip(la, li, strict=True)]
-                                                      for la, li in zip(lps, ids, strict=True)]
+                rec[name] = data["topk"][i]
             elif kind == "json":
                 rec[name] = json.loads(data[name][i])
             elif name == "input_ids" and data[name][i] is None:
