@@ -21,8 +21,8 @@ written through RecordFiles as a run writes them. Per size it prints:
            its bookkeeping is the RSS when Driver.run returns (before the records are closed) less the RSS
            before the run.
 Peak RSS is each child's own VmHWM. A size whose figure is predicted (linearly from the smaller sizes) above
---max-rss-gb / --max-disk-gb / --max-cpu-s is not run: the prediction is printed, marked "(extrapolated)".
-Each size's directory is deleted after it is measured unless --keep.
+--max-rss-gb / --max-disk-gb / --max-cpu-s / --max-write-s is not run: the prediction is printed, marked
+"(extrapolated)". Each size's directory is deleted after it is measured unless --keep.
 """
 
 from __future__ import annotations
@@ -113,13 +113,14 @@ def measure_size(args, templates, positions, config, stats, n: int, tokens: int,
     run_dir = args.work / f"scale-{n}-{tokens}"
     shutil.rmtree(run_dir, ignore_errors=True)
     key = f"{tokens}"
-    want_disk = pred.predict(f"disk/{key}", n)
-    built = want_disk is None or want_disk <= args.max_disk_gb * GB
+    want_disk, want_s = pred.predict(f"disk/{key}", n), pred.predict(f"write/{key}", n)
+    built = (want_disk is None or want_disk <= args.max_disk_gb * GB) and (want_s is None or want_s <= args.max_write_s)
     if built:
         t0 = time.perf_counter()
         points = scale_synth.plan(templates, positions, n, tokens)
         n_cand, n_tok = scale_synth.write_run(run_dir, points, config, stats)
         size = disk_bytes(run_dir / "records")
+        pred.add(f"write/{key}", n, time.perf_counter() - t0)
         pred.add(f"disk/{key}", n, size)
         pred.add(f"tok/{key}", n, n_tok)
         row["records"] = f"{fmt_mb(size)}, {size / n_tok:.1f} B/token"
@@ -127,7 +128,9 @@ def measure_size(args, templates, positions, config, stats, n: int, tokens: int,
               f"{row['records']} ({time.perf_counter() - t0:.0f} s to write)", flush=True)
     else:
         bpt = pred.predict(f"disk/{key}", n) / pred.predict(f"tok/{key}", n)
-        row["records"] = f"~{fmt_mb(want_disk)}, {bpt:.1f} B/token (extrapolated: over --max-disk-gb)"
+        why = "over --max-disk-gb" if want_disk > args.max_disk_gb * GB else \
+            f"~{want_s:.0f} s to write: over --max-write-s"
+        row["records"] = f"~{fmt_mb(want_disk)}, {bpt:.1f} B/token (extrapolated: {why})"
         print(f"{label}: records {row['records']}", flush=True)
     for what, argv in (("render", ["-m", "reports.render", str(run_dir)]),
                        ("resume", ["_resume", str(run_dir)]),
@@ -253,6 +256,7 @@ def main() -> None:
     p.add_argument("--max-rss-gb", type=float, default=8.0)
     p.add_argument("--max-disk-gb", type=float, default=12.0)
     p.add_argument("--max-cpu-s", type=float, default=1500.0)
+    p.add_argument("--max-write-s", type=float, default=3600.0, help="skip a size predicted to take longer to write")
     p.add_argument("--mb", default="1,2,4", help="sse: event sizes in MB")
     p.add_argument("--chunk", type=int, default=1024, help="sse: bytes per read")
     args = p.parse_args()
