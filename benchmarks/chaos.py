@@ -15,7 +15,6 @@ key and every reference input), else 1.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -28,6 +27,10 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from records.reader import raw_records  # noqa: E402
+
 DEFAULT_ARGS = ["--suite", "frozen", "--model-path", "random", "--model-preset", "tiny", "--intervals", "128",
                 "--concurrency", "1,4"]
 
@@ -48,11 +51,9 @@ def replica_servers(run_id: str) -> list[int]:
 
 
 def records(run_dir: Path) -> list[dict]:
-    """Every request record line (duplicates kept, to be counted); per-sweep-point stats records are not requests."""
-    out = []
-    for path in sorted((run_dir / "records").glob("*.jsonl")):
-        out += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in out if r.get("role") != "stats"]
+    """Every stored request record, journals and parts (duplicates kept, to be counted); per-sweep-point stats
+    records are not requests."""
+    return [r for r in raw_records(run_dir) if r.get("role") != "stats"]
 
 
 class Monkey(threading.Thread):
@@ -68,7 +69,8 @@ class Monkey(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         while len(self.killed) < self.kills and not self.done.wait(self.gap * (0.5 + self.rng.random())):
-            if not list((self.run_dir / "records").glob("candidate-*.jsonl")):
+            if not list((self.run_dir / "records").glob("candidate-*.jsonl")) + \
+                    list((self.run_dir / "records").glob("part-*/candidate-*.parquet")):
                 continue  # nothing recorded yet: replicas may still be starting
             pids = replica_servers(self.run_id)
             if not pids:

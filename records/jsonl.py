@@ -1,75 +1,91 @@
-"""Reading and writing a run's records: the one writer and the one reader (docs/records.md).
+"""The one writer and the one reader of a run's records (docs/records.md).
 
-Records are appended one JSON line at a time and flushed, so a killed run loses
-at most the line being written. The reader counts a record only once its
-newline is on disk, and the writer cuts a partial last line off before it
-appends, so a resumed run and its report always agree on what the run holds.
+`RecordFiles` appends records to one journal per pool (records/journal.py: one flushed JSON line each, so a
+kill loses only what was in flight) and compacts the journals into a parquet part (records/compact.py) when
+told (`compact()`, e.g. at a sweep point's end), at `close()`, and when it opens a run directory that holds
+journals (a resume). `load_run` reads every record of a run directory, wherever it is (parts, sealed or
+live journals; a run written before parts existed has journals only), as dicts; records/reader.py reads them
+as Arrow batches in bounded memory.
 """
 
 from __future__ import annotations
 
-import json
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from records import layout as L
+from records.compact import Hook, PromptStore, build, recover, seal
+from records.journal import RecordWriter, read_jsonl, truncate_partial_line
+from records.reader import RunReader
 
-def truncate_partial_line(path: Path) -> int:
-    """Cut `path` back to its last complete line; return the number of bytes dropped."""
-    if not path.exists():
-        return 0
-    size = path.stat().st_size
-    if size == 0:
-        return 0
-    with open(path, "rb+") as f:
-        f.seek(0)
-        data = f.read()
-        keep = data.rfind(b"\n") + 1
-        if keep < size:
-            f.truncate(keep)
-    return size - keep
+__all__ = ["RecordFiles", "RecordWriter", "RunRecords", "load_run", "read_jsonl", "truncate_partial_line"]
 
 
-class RecordWriter:
-    """Appends records to one JSONL file, one flushed line each; refuses a key twice."""
-
-    def __init__(self, path: Path, existing_keys: set[str] | None = None) -> None:
-        truncate_partial_line(path)
-        self.path = path
-        self.keys = set(existing_keys or ())
-        self._f = open(path, "a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        key = record["key"]
-        if key in self.keys:
-            raise AssertionError(f"record key {key} written twice to {self.path.name}")
-        self.keys.add(key)
-        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
+def _nohook(step: str) -> None:
+    pass
 
 
 class RecordFiles:
-    """The run's record writers, one file per pool, opened on first use."""
+    """The run's record writers, one journal per pool (opened on first use); refuses a key twice.
 
-    def __init__(self, run_dir: Path, existing: set[str]) -> None:
-        self.dir = run_dir / "records"
+    `existing`: the keys already recorded (a resume's), refused too. `compact_on_open`: compact the journals
+    a killed run left (after cutting a partial last line) before anything is appended. Safe to call
+    `compact` from another thread than `write` (asyncio.to_thread): journals are sealed under a lock, the
+    part is built outside it while new records go to fresh journals.
+    """
+
+    def __init__(self, run_dir: Path, existing: set[str], compact_on_open: bool = True) -> None:
+        self.dir = Path(run_dir) / "records"
         self.dir.mkdir(parents=True, exist_ok=True)
-        for path in self.dir.glob("*.jsonl"):
+        for path in L.scan(self.dir).journals.values():
             truncate_partial_line(path)  # before anything is appended after a killed writer's half line
-        self.existing = existing
+        self.keys = set(existing)
         self._writers: dict[str, RecordWriter] = {}
+        self._lock = threading.Lock()  # write() against compact()'s sealing
+        self._compacting = threading.Lock()  # one compaction at a time
+        self.store = PromptStore(self.dir)
+        recover(self.dir, self.store)  # a compaction killed last time: finish it first
+        if compact_on_open:
+            self.compact()
 
     def write(self, filename: str, record: dict) -> None:
-        w = self._writers.get(filename)
-        if w is None:
-            w = self._writers[filename] = RecordWriter(self.dir / filename, self.existing)
-        w.write(record)
+        """Append `record` to journal `filename` (e.g. candidate-i128.jsonl) and flush it."""
+        key = record["key"]
+        with self._lock:
+            if key in self.keys:
+                raise AssertionError(f"record key {key} written twice to {filename}")
+            self.keys.add(key)
+            w = self._writers.get(filename)
+            if w is None:
+                w = self._writers[filename] = RecordWriter(self.dir / filename)
+            w.write(record)
+
+    def compact(self, hook: Hook = _nohook) -> Path | None:
+        """Move every journal's records into a new parquet part; returns it (None: nothing to compact)."""
+        with self._compacting:
+            recover(self.dir, self.store, hook)
+            with self._lock:
+                for w in self._writers.values():
+                    w.close(sync=True)
+                self._writers.clear()
+                sealed = seal(self.dir, hook=hook)
+            return build(self.dir, *sealed, self.store, hook) if sealed else None
 
     def close(self) -> None:
-        for w in self._writers.values():
-            w.close()
+        """Compact, then close. A failed compaction (disk full) leaves every record where the reader finds it,
+        and the next open of the run directory finishes it; it is reported, not raised."""
+        try:
+            self.compact()
+        except OSError as e:
+            print(f"specgate: warning: compacting the records of {self.dir} failed ({e}); they are kept in their "
+                  "journals and compacted when the run directory is next opened", file=sys.stderr)
+        finally:
+            with self._lock:
+                for w in self._writers.values():
+                    w.close()
+                self._writers.clear()
 
 
 @dataclass(frozen=True)
@@ -92,64 +108,30 @@ class RunRecords:
         return {c["key"]: c for c in self.candidates if c.get("key") is not None}
 
 
-def read_jsonl(path: Path) -> tuple[list[dict], list[str], list[str]]:
-    """Records of one JSONL file, plus the truncated and corrupt line locations it skipped.
-
-    A record counts only once its newline is written: a last line without one is a
-    killed writer's partial record and is ignored (the writer cuts it off before
-    appending, so resume and report agree on what a run holds). Any other
-    unparseable line is skipped too but reported as corrupt, so that one bad byte
-    never hides a run.
-    """
-    text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.split("\n")
-    partial = lines.pop()  # after the last newline: "" or a partial record
-    truncated_at = len(lines) + 1
-    records: list[dict] = []
-    truncated: list[str] = []
-    corrupt: list[str] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
-            records.append(obj)
-            continue
-        corrupt.append(f"{path.name}:{i + 1}")
-    if partial.strip():
-        truncated.append(f"{path.name}:{truncated_at}")
-    return records, truncated, corrupt
-
-
-def load_run(run_dir: str | Path) -> RunRecords:
-    """Read every `records/*.jsonl` of `run_dir` (sorted by name), keep the first record per key."""
-    record_dir = Path(run_dir) / "records"
-    seen: set[str] = set()
+def _load(run_dir: Path) -> RunRecords:
+    reader = RunReader(run_dir)
+    seen: set = set()
     candidates: list[dict] = []
     references: dict[str, dict] = {}
     stats: list[dict] = []
-    truncated: list[str] = []
-    corrupt: list[str] = []
-    duplicates = 0
-    paths = sorted(record_dir.glob("*.jsonl")) if record_dir.is_dir() else []
-    for path in paths:
-        records, trunc, bad = read_jsonl(path)
-        truncated += trunc
-        corrupt += bad
-        for rec in records:
-            key = rec.get("key")
-            if key is not None:
-                if key in seen:
-                    duplicates += 1
-                    continue
-                seen.add(key)
-            if rec.get("role") == "reference":
+    for stem in reader.stems():
+        for rec in reader.records(stem, seen):
+            role = rec.get("role")
+            if role == "reference":
                 references.setdefault(str(rec.get("input_hash")), rec)
-            elif rec.get("role") == "candidate":
+            elif role == "candidate":
                 candidates.append(rec)
-            elif rec.get("role") == "stats":
+            elif role == "stats":
                 stats.append(rec)
-    return RunRecords(candidates, references, stats, truncated, corrupt, duplicates)
+    return RunRecords(candidates, references, stats, reader.truncated, reader.corrupt, reader.duplicates)
+
+
+def load_run(run_dir: str | Path) -> RunRecords:
+    """Every record of `run_dir` (pools in journal-name order, each in write order), the first per key."""
+    for attempt in range(3):
+        try:
+            return _load(Path(run_dir))
+        except FileNotFoundError:  # a compaction (another process) moved a file while it was read: read again
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")

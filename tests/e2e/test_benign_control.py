@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from records.jsonl import load_run
 from workloads import load_suite
 from workloads.schema import dumps_jsonl
 
@@ -38,7 +39,7 @@ def test_poor_drafter_under_memory_pressure_passes_the_gate(tmp_path):
     run_dir = tmp_path / "runs" / "control"
     df = pd.read_csv(run_dir / "requests.csv")
     assert len(df) == 2 * len(SESSIONS) and set(df["class"]) == {"exact"}
-    cands = [json.loads(x) for x in (run_dir / "records" / "candidate-i128.jsonl").read_text().splitlines()]
+    cands = load_run(run_dir).candidates
     assert all(r["engine"]["args"] == ARGS.split() for r in cands)
     # every draft rejected: each verify step commits the bonus token only (the first token is prefill's)
     assert {commit for r in cands for _, commit, _ in r["spec_trace"]} == {1}

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from protocol.hf_tokenizer import load_tokenizer
+from records.jsonl import load_run
 from workloads import load_suite
 from workloads.schema import dumps_jsonl
 
@@ -69,7 +70,7 @@ def test_vllm_llama_with_ngram_speculation_and_prefix_caching_passes(vllm_python
     assert engine["speculative"] and engine["radix_cache"] and engine["block_size"] == 5
     assert engine["interval"] == int(config["pools"]["vllm"]["server_info"]["mamba_track_interval"]) > 0
     assert config["calibration"]["requests"] == 2 * 6 * 2  # the baseline answered every request
-    records = [json.loads(x) for p in (run_dir / "records").glob("candidate-*.jsonl") for x in p.open()]
+    records = load_run(run_dir).candidates
     assert len(records) == 2 * 2 * 6 * 2  # vllm + baseline pools, 2 sweep points, 6 two-turn sessions
     assert all(r["error"] is None for r in records)
     refs = _transformers_continuations(vllm_python, model, frozen, tmp_path)

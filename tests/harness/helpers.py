@@ -120,13 +120,17 @@ def frozen_subset(path: Path, session_ids) -> str:
 
 
 def read_lines(run_dir: Path) -> list[dict]:
-    """Every complete record line of a run directory (duplicates kept, to be counted)."""
-    out = []
-    for path in sorted((Path(run_dir) / "records").glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                out.append(json.loads(line))
-    return out
+    """Every stored record of a run directory, in parts or journals (duplicates kept, to be counted)."""
+    from records.reader import raw_records
+
+    return raw_records(run_dir)
+
+
+def journal_lines(run_dir: Path, stem: str) -> list[str]:
+    """The JSON lines of one pool's records (`candidate-i16`, `reference`), in order, wherever they are stored."""
+    from records.reader import RunReader
+
+    return [json.dumps(r) for r in RunReader(run_dir).records(stem)]
 
 
 def duplicate_keys(records: list[dict]) -> list[str]:

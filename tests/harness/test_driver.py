@@ -21,6 +21,7 @@ from tests.harness.helpers import (
     duplicate_keys,
     expected_candidate_keys,
     fake_servers,
+    journal_lines,
     make_sessions,
     pool,
     read_lines,
@@ -149,12 +150,12 @@ def test_resume_sends_nothing_twice_and_rebuilds_from_recorded_output(tmp_path):
     # an interrupted run: a few records survived, one half-written line at the end
     part = tmp_path / "part"
     (part / "records").mkdir(parents=True)
-    cand_lines = (full / "records" / f"candidate-i{INTERVAL}.jsonl").read_text().splitlines()
+    cand_lines = journal_lines(full, f"candidate-i{INTERVAL}")
     kept = [json.loads(x) for x in cand_lines if json.loads(x)["turn"] == 0][:2]
     kept[0]["output_ids"] = [65, 66, 67]  # the turn-1 input must be built from what was recorded
     (part / "records" / f"candidate-i{INTERVAL}.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in kept) + cand_lines[5][:40])
-    ref_lines = (full / "records" / "reference.jsonl").read_text().splitlines()
+    ref_lines = journal_lines(full, "reference")
     (part / "records" / "reference.jsonl").write_text(ref_lines[0] + "\n")
     recorded = load_run(part)
     existing, existing_refs = recorded.candidates_by_key(), recorded.references

@@ -11,7 +11,7 @@ from harness.driver import Driver
 from harness.pools import HarnessError
 from records.incidents import load_incidents
 from records.jsonl import load_run
-from tests.harness.helpers import make_sessions, read_lines
+from tests.harness.helpers import journal_lines, make_sessions, read_lines
 from tests.harness.test_driver import INTERVAL, drive, with_servers
 
 
@@ -31,7 +31,7 @@ def test_turns_after_a_resume_are_flagged_cache_lost(tmp_path):
     assert all(r["cache_lost"] is None for r in read_lines(full) if r["role"] == "candidate")
     part = tmp_path / "part"  # an interrupted run that recorded turn 0 of every session
     (part / "records").mkdir(parents=True)
-    lines = (full / "records" / f"candidate-i{INTERVAL}.jsonl").read_text().splitlines()
+    lines = journal_lines(full, f"candidate-i{INTERVAL}")
     (part / "records" / f"candidate-i{INTERVAL}.jsonl").write_text(
         "".join(x + "\n" for x in lines if json.loads(x)["turn"] == 0))
     existing = load_run(part).candidates_by_key()

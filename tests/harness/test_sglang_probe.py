@@ -11,6 +11,7 @@ import pytest
 
 from harness.backends import make_backend
 from harness.run import main
+from records.jsonl import load_run
 from tests.harness import server_infos
 from tests.harness.helpers import candidate_args, make_sessions, reference_args, write_workload
 from tests.harness.test_external import servers
@@ -51,8 +52,7 @@ def test_older_sglang_only_get_server_info_and_scheduler_strategy(tmp_path, caps
     assert rec["logprobs"] == "chosen token only" and rec["streaming"] == "cumulative"
     assert any("mamba_scheduler_strategy" in n for n in rec["notes"])
     assert any("speculative_dflash_block_size" in n for n in rec["notes"])
-    lines = (tmp_path / "runs" / "r" / "records" / f"candidate-i{INTERVAL}.jsonl").read_text().splitlines()
-    cands = [json.loads(x) for x in lines]
+    cands = load_run(tmp_path / "runs" / "r").candidates
     assert len(cands) == 4 and all(r["error"] is None for r in cands)
     assert {(r["engine"]["block_size"], r["engine"]["strategy"]) for r in cands} == {(BLOCK, "extra_buffer")}
     assert all(len(t) == 1 for r in cands for t in r["output_top_logprobs"]) and cands[0]["spec_trace"] is None

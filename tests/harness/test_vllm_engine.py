@@ -15,6 +15,7 @@ from harness.targets.venv import InterpreterNotFound, find_python
 from harness.targets.vllm import VENV, server_env
 from harness.targets.vllm_profile import VLLMArgsError, caching_of, check_args, pools, spec_config, without
 from protocol.hf_tokenizer import load_tokenizer
+from records.reader import raw_records
 from tests.harness.fake_vllm import make_interpreter
 from tests.harness.helpers import REPO, make_sessions, write_workload
 
@@ -133,7 +134,7 @@ def test_vllm_replicas_under_ray_pass_and_log_in_the_run_dir(ray_local, workdir,
     config = json.loads((run_dir / "config.json").read_text())
     assert config["pools"]["vllm"]["engine"]["interval"] == 16  # the stub's block, read from /metrics
     assert config["pools"]["vllm"]["engine"]["block_size"] == 5 and config["run_config"]["backend"] == "openai"
-    records = [json.loads(x) for p in (run_dir / "records").glob("*.jsonl") for x in p.read_text().splitlines()]
+    records = raw_records(run_dir)
     assert sum(r["role"] == "candidate" for r in records) == 3 * 2 * 2
     # the workload and the records name the model directory's tokenizer (what decodes their text)
     tok = load_tokenizer(str(model_dir)).name

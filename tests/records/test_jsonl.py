@@ -103,25 +103,32 @@ def rec(i: int) -> dict:
     return candidate(prompt(10, seed=i), [i, i + 1], session_id=f"s{i}")
 
 
-def test_resume_after_a_kill_mid_line_keeps_every_record_once_in_order(tmp_path):
+@pytest.mark.parametrize("compacted_first", [False, True])
+def test_resume_after_a_kill_mid_line_keeps_every_record_once_in_order(tmp_path, compacted_first):
+    """Killed with records in the journals (and, `compacted_first`, an earlier part beside them)."""
     files = RecordFiles(tmp_path, set())
-    for i in range(3):
+    files.write("candidate-i256.jsonl", rec(0))
+    if compacted_first:
+        files.compact()
+    for i in (1, 2):
         files.write("candidate-i256.jsonl", rec(i))
     files.write("reference.jsonl", reference(prompt(10, seed=0), [0, 1]))
-    files.close()
+    del files  # killed: no close, no compaction; every line written so far was flushed
     cand = tmp_path / "records" / "candidate-i256.jsonl"
     ref = tmp_path / "records" / "reference.jsonl"
+    lines = 2 if compacted_first else 3
     with open(cand, "a") as f:  # killed while writing record 3: a complete JSON object, no newline yet
         f.write(json.dumps(rec(3), separators=(",", ":")))
     with open(ref, "a") as f:  # and in the middle of a reference line
         f.write(json.dumps(reference(prompt(10, seed=1), [5]))[:40])
     before = load_run(tmp_path)
     assert [c["session_id"] for c in before.candidates] == ["s0", "s1", "s2"]
-    assert before.truncated == ["candidate-i256.jsonl:4", "reference.jsonl:2"] and before.corrupt == []
+    assert before.truncated == [f"candidate-i256.jsonl:{lines + 1}", "reference.jsonl:2"] and before.corrupt == []
 
     existing = set(before.candidates_by_key()) | {r["key"] for r in before.references.values()}
-    files = RecordFiles(tmp_path, existing)  # cuts both partial lines before anything is appended
-    assert ref.read_bytes().count(b"\n") == 1 and ref.read_bytes().endswith(b"\n")
+    files = RecordFiles(tmp_path, existing)  # cuts both partial lines, then compacts what the journals hold
+    assert not cand.exists() and not ref.exists()
+    assert load_run(tmp_path).truncated == [] and load_run(tmp_path).candidates == before.candidates
     with pytest.raises(AssertionError, match="written twice"):
         files.write("candidate-i256.jsonl", rec(1))
     for i in (3, 4):
@@ -131,6 +138,8 @@ def test_resume_after_a_kill_mid_line_keeps_every_record_once_in_order(tmp_path)
     after = load_run(tmp_path)
     assert [c["session_id"] for c in after.candidates] == ["s0", "s1", "s2", "s3", "s4"]
     assert [c["output_ids"] for c in after.candidates] == [[i, i + 1] for i in range(5)]
+    assert after.candidates == [rec(i) for i in range(5)]
     assert (after.truncated, after.corrupt, after.duplicates) == ([], [], 0)
     assert list(after.references) == [reference(prompt(10, seed=0), [0, 1])["input_hash"]]
-    assert [json.loads(x)["session_id"] for x in cand.read_text().splitlines()] == ["s0", "s1", "s2", "s3", "s4"]
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [
+        f"part-{n:06d}" for n in range(1, 4 if compacted_first else 3)]

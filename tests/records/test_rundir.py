@@ -42,11 +42,12 @@ def test_truncated_last_line_is_cut_before_appending(tmp_path):
     path.write_text('{"key": "k1", "role": "candidate", "input_hash": "h"}\n{"key": "k2", "ro')
     records, truncated, corrupt = read_jsonl(path)
     assert [r["key"] for r in records] == ["k1"] and truncated == ["candidate-i128.jsonl:2"] and corrupt == []
-    files = RecordFiles(run, {"k1"})
+    files = RecordFiles(run, {"k1"}, compact_on_open=False)
     files.write("candidate-i128.jsonl", {"key": "k3", "role": "candidate", "input_hash": "h"})
-    files.close()
     assert [json.loads(x)["key"] for x in path.read_text().splitlines()] == ["k1", "k3"]
     assert truncate_partial_line(path) == 0
+    files.close()  # compacted: the journal's records are now in a part
+    assert not path.exists()
     recorded = load_run(run)
     assert set(recorded.candidates_by_key()) == {"k1", "k3"} and recorded.references == {}
 
