@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.backends import BACKENDS
-from harness.config import PLACEMENTS, ConfigError, RunConfig, flag, kind_of
+from harness.config import ARRIVALS, DTYPES, PLACEMENTS, ConfigError, RunConfig, flag, kind_of
 from harness.targets import ENGINES, default_backend
 
 
@@ -53,6 +53,16 @@ def _ints(value):
         raise ValueError("expected comma-separated integers") from None
 
 
+def _floats(value):
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise TypeError("expected a list of numbers")
+    try:
+        return tuple(float(str(v).strip()) for v in items if str(v).strip())
+    except ValueError:
+        raise ValueError("expected comma-separated numbers") from None
+
+
 def _strs(value):
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
@@ -74,10 +84,10 @@ def _args(value):
     return tuple(items)
 
 
-CHOICES = {"placement": PLACEMENTS, "backend": BACKENDS, "engine": ENGINES}
+CHOICES = {"placement": PLACEMENTS, "backend": BACKENDS, "engine": ENGINES, "arrival": ARRIVALS, "dtype": DTYPES}
 ALIASES = {"model_path": ("--model",)}  # --engine vllm takes a model directory: `--model DIR` reads naturally
-CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "strs": _strs, "cmd": _cmd,
-              "args": _args}
+CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "floats": _floats,
+              "strs": _strs, "cmd": _cmd, "args": _args}
 
 
 def convert(name: str, value: object, source: str) -> object:
@@ -106,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag(name), action="store_const", const=True, help=help_text)
         elif kind == "strs":
             p.add_argument(flag(name), action="append", metavar="URL", help="repeatable; " + help_text)
-        elif kind == "ints":
+        elif kind in ("ints", "floats"):
             p.add_argument(flag(name), metavar="N,N,...", help=help_text)
         elif name in CHOICES:
             p.add_argument(flag(name), choices=CHOICES[name], help=help_text)

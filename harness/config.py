@@ -19,12 +19,15 @@ from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # ints: comma list; strs: repeatable; cmd: a command line (argv); args: flags (argv, may be empty)
-KINDS = ("int", "float", "str", "bool", "ints", "strs", "cmd", "args")
+KINDS = ("int", "float", "str", "bool", "ints", "floats", "strs", "cmd", "args")
+ARRIVALS = ("constant", "poisson")  # --arrival: how open-loop (--request-rate) send times are spaced
+DTYPES = ("float32", "bfloat16")  # --dtype of the built-in engine's pools
 
 # Settings that define what a run measures; a resume must not change them.
 RESUME_FIXED = ("suite", "num_requests", "seed", "intervals", "concurrency", "block_size", "model_path",
                 "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer",
-                "candidate_args", "diagnose", "cover", "engine", "calibrate")
+                "candidate_args", "diagnose", "cover", "engine", "calibrate", "dtype", "request_rate", "arrival",
+                "warmup", "duration")
 # Settings a resume never takes from the run directory (a file anyone with write access to it could have
 # edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
 NOT_FROM_RUN_DIR = ("server_command", "address")
@@ -47,12 +50,31 @@ class RunConfig:
                                       "$SPECGATE_VLLM_PYTHON, else .venv-vllm/bin/python from `make vllm`)")
     calibrate: bool = setting(False, "bool", "--engine vllm: a `baseline` pool (the reference's flags) sets the drift "
                               "tolerance and margin threshold from its noise; the report shows the calibration")
+    sglang_python: str | None = setting(None, "str", "--engine sglang: the SGLang venv's interpreter (default "
+                                        "$SPECGATE_SGLANG_PYTHON, else .venv-sglang/bin/python from `make sglang`)")
+    dtype: str = setting("float32", "str", "built-in engine: the dtype of every pool (engine.serve --dtype): "
+                         "float32, the exact target, or bfloat16, a noisy one as GPU engines serve")
+    baseline_run: str | None = setting(None, "str", "a trusted run directory (e.g. the last release's) whose records "
+                                       "calibrate the tolerances, path by path")
+    min_coverage: float = setting(0.5, "float", "gate: the fraction of boundary cells a run must cross and restore; "
+                                  "below it the verdict is INCONCLUSIVE")
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
     num_requests: int | None = setting(None, "int", "requests of the load suite")
     seed: int = setting(0, "int", "seed of the generated suites: the load profile, and where the frozen suite's "
                         "text starts (0 with I=128/256, B=8 and the byte tokenizer: the committed frozen suite)")
     intervals: tuple[int, ...] = setting((128, 256), "ints", "mamba track intervals; one candidate pool each")
     concurrency: tuple[int, ...] = setting((1, 4, 8, 16), "ints", "sweep points: requests in flight per pool")
+    request_rate: tuple[float, ...] = setting((), "floats", "open-loop sweep points: requests per second per pool, "
+                                              "beside the --concurrency points")
+    arrival: str = setting("constant", "str", "open-loop send times (--request-rate): constant spacing, or "
+                           "poisson (exponential gaps, seeded by --seed)")
+    warmup: int = setting(0, "int", "requests per sweep point that are sent and recorded as warmup, not gated")
+    duration: float | None = setting(None, "float", "seconds a sweep point may send for; what is left is skipped "
+                                     "and reported")
+    max_error_rate: float | None = setting(None, "float", "stop a sweep point early once this fraction of its "
+                                           "answered requests failed (reported)")
+    slo: str | None = setting(None, "str", "latency objectives, e.g. 'ttft_ms=500,tpot_ms=50': SLO attainment and "
+                              "goodput per sweep point")
     replicas: int = setting(1, "int", "replicas per candidate pool")
     reference_replicas: int = setting(1, "int", "replicas of the reference (cold-path) pool")
     tp_size: int = setting(1, "int", "tensor-parallel ranks per replica")
@@ -195,6 +217,15 @@ def validate(c: RunConfig) -> None:
     need(0 <= c.max_soft_rate <= 1, f"--max-soft-rate must be in [0, 1], got {c.max_soft_rate}")
     need(c.drift_tolerance is None or c.drift_tolerance >= 0,
          f"--drift-tolerance must be >= 0, got {c.drift_tolerance}")
+    need(c.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}")
+    need(c.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {c.arrival!r}")
+    need(all(r > 0 for r in c.request_rate), f"--request-rate values must be > 0, got {list(c.request_rate)}")
+    need(len(set(c.request_rate)) == len(c.request_rate), f"--request-rate has repeated values: {list(c.request_rate)}")
+    need(c.warmup >= 0, f"--warmup must be >= 0, got {c.warmup}")
+    need(c.duration is None or c.duration > 0, f"--duration must be > 0, got {c.duration}")
+    need(c.max_error_rate is None or 0 <= c.max_error_rate <= 1,
+         f"--max-error-rate must be in [0, 1], got {c.max_error_rate}")
+    need(0 <= c.min_coverage <= 1, f"--min-coverage must be in [0, 1], got {c.min_coverage}")
     need(c.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}")
     if not c.external:
         for i in c.intervals:
@@ -234,7 +265,7 @@ def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path)
     known = {f.name for f in fields(RunConfig)}
     base = {k: v for k, v in saved.items() if k in known}
     for k, v in base.items():
-        if v is not None and kind_of(k) in ("ints", "strs", "cmd", "args"):
+        if v is not None and kind_of(k) in ("ints", "floats", "strs", "cmd", "args"):
             base[k] = tuple(v)
     stored_cmd = base.get("server_command")
     if stored_cmd is not None and not all(isinstance(x, str) for x in stored_cmd):
