@@ -145,10 +145,11 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
         "own, falls back to an ancestor's checkpoint and recomputes the rest. Here the match keeps "
         "the KV of every whole node it walked instead (cached_tokens counts them) while restoring "
         "the deepest checkpoint's state, so the linear layers skip the tokens between the two and "
-        "continue from a state for a shorter prefix. Only a match whose deepest whole node is a "
-        "checkpoint-less node a split created (an edge split by a diverging sibling) below which "
-        "it finds no checkpoint is hit; a match that stops inside an edge keeps only whole nodes, "
-        "since this engine splits edges on insertion (SGLang also splits on the match itself).",
+        "continue from a state for a shorter prefix. Only a match whose deepest whole node holds no "
+        "checkpoint (a node a split created: an edge split by a diverging sibling; or, under memory "
+        "pressure, one whose checkpoint was evicted) is hit; a match that stops inside an edge keeps "
+        "only whole nodes, since this engine splits edges on insertion (SGLang also splits on the "
+        "match itself).",
     ),
     Fault(
         SPLIT_INHERITS_CHECKPOINT,
