@@ -18,6 +18,8 @@ PINGPONG_DOUBLE_FLIP = "pingpong-double-flip"
 CONV_ROLLBACK_WRONG_STEP = "conv-rollback-wrong-step"
 PREFILL_CHECKPOINT_OFF_BOUNDARY = "prefill-checkpoint-off-boundary"
 EVICT_MATCHED_CHECKPOINT = "evict-matched-checkpoint"
+MATCH_PAST_CHECKPOINT = "match-past-checkpoint"
+SPLIT_INHERITS_CHECKPOINT = "split-inherits-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,38 @@ FAULTS: dict[str, Fault] = {f.name: f for f in [
         "the matched checkpoint itself and hand that slot back as one of the request's own "
         "(zeroed) slots: the request reports the cached length but resumes from a zero state. "
         "Only admissions that evict under memory pressure are hit.",
+    ),
+    Fault(
+        MATCH_PAST_CHECKPOINT,
+        "SGLang #22935 class: a match returns the KV of nodes past the deepest checkpoint it restores",
+        "A prefix match may resume only at the deepest node on its path that holds a linear-state "
+        "checkpoint: a mamba state is a point value at a node's end depth and cannot be cut back like "
+        "per-token KV, so SGLang's _match_post_processor truncates the matched KV to that node "
+        "(value[:best_value_len]; the invariant PR #38597 pins). Issue #22935 reports the cost of "
+        "that rule: a match that ends at a node a split created, which holds no checkpoint of its "
+        "own, falls back to an ancestor's checkpoint and recomputes the rest. Here the match keeps "
+        "the KV of every whole node it walked instead (cached_tokens counts them) while restoring "
+        "the deepest checkpoint's state, so the linear layers skip the tokens between the two and "
+        "continue from a state for a shorter prefix. Only a match whose deepest whole node holds no "
+        "checkpoint (a node a split created: an edge split by a diverging sibling; or, under memory "
+        "pressure, one whose checkpoint was evicted) is hit; a match that stops inside an edge keeps "
+        "only whole nodes, since this engine splits edges on insertion (SGLang also splits on the "
+        "match itself).",
+    ),
+    Fault(
+        SPLIT_INHERITS_CHECKPOINT,
+        "a node split off by a diverging insertion inherits its child's checkpoint (a longer prefix's state)",
+        "Splitting an edge creates an upper node that must hold no linear-state checkpoint: its "
+        "depth was never a resume point (SGLang's _split_node sets mamba_value = None, 'mamba cache "
+        "can not be split'), unlike sliding-window or full-attention values, which split with the "
+        "edge. Here, after an insertion split an edge and went on past the split into a branch of "
+        "its own (a request diverging from a cached sibling), the split node, still without a "
+        "checkpoint, gets a copy of its lower part's one: the state of the sibling's longer "
+        "prefix, as a cache that copies node values on a split, or fills split nodes from the "
+        "nearest checkpoint below them, would leave it. A later request whose match passes whole "
+        "through that node and finds no deeper checkpoint resumes there from a state that has "
+        "seen tokens it never sent. An insertion that ends at the split point adopts its own "
+        "checkpoint as before, so only matches into nodes that diverging siblings split are hit.",
     ),
 ]}
 

@@ -19,9 +19,9 @@ state copy (the no_buffer strategy's snapshot) goes through the runner.
 
 from __future__ import annotations
 
-from engine.cache.radix import MatchResult, RadixCache
+from engine.cache.radix import InsertResult, MatchResult, RadixCache
 from engine.config import EngineConfig
-from engine.faults import INSERT_WORKING_STATE, active
+from engine.faults import INSERT_WORKING_STATE, SPLIT_INHERITS_CHECKPOINT, active
 from engine.req import Req
 
 
@@ -30,7 +30,7 @@ class TreeCache:
         self.cfg, self.runner = cfg, runner
         self.kv, self.state = runner.caches.kv, runner.caches.state
         self.page_size = cfg.page_size
-        self.radix = RadixCache(self.kv, self.state, cfg.page_size) if cfg.radix_cache else None
+        self.radix = RadixCache(self.kv, self.state, cfg.page_size, cfg.inject_fault) if cfg.radix_cache else None
         self.tracking = cfg.tracking
 
     # --- allocation ---------------------------------------------------------
@@ -94,6 +94,7 @@ class TreeCache:
         res = self.radix.insert(r.tokens()[:length], r.pages[:n], checkpoint)
         if not res.checkpoint_adopted:
             self.state.free([checkpoint])
+        self._inherit_split_checkpoints(res)
         self.kv.free(list(res.dup_pages))
         r.pages[:n] = list(res.pages)
         old = r.prefix_node
@@ -114,11 +115,27 @@ class TreeCache:
                 keep_pages = set(r.pages[r.own_pages_from : n]) - set(res.dup_pages)
                 if res.checkpoint_adopted:
                     keep_slots.add(slot)
+                self._inherit_split_checkpoints(res)
         self.kv.free([p for p in r.pages[r.own_pages_from :] if p not in keep_pages])
         self.state.free([s for s in [r.working_slot, *r.track_slots] if s is not None and s not in keep_slots])
         if r.prefix_node is not None:
             self.radix.unlock(r.prefix_node)
         r.pages, r.track_slots, r.working_slot, r.prefix_node = [], [], None, None
+
+    def _inherit_split_checkpoints(self, res: InsertResult) -> None:
+        """The split-inherits-checkpoint fault: nodes this insertion split off and left without a checkpoint
+        get a copy of their lower part's (a state for a longer prefix). Off: split nodes stay without one."""
+        if not active(self.cfg, SPLIT_INHERITS_CHECKPOINT):
+            return
+        for upper, lower in res.splits:
+            if upper.checkpoint is not None or lower.checkpoint is None:
+                continue  # the insertion ended there and adopted its own, or there is nothing to copy
+            slot = self.alloc_slots(1)
+            if slot is None or lower.checkpoint is None:  # allocating may have evicted the lower checkpoint
+                self.state.free(slot or [])
+                continue
+            self.runner.copy_state(lower.checkpoint, slot[0])
+            upper.checkpoint = slot[0]
 
     def _finished_insertion(self, r: Req) -> tuple[int, int | None]:
         """(prefix length, state slot) that enter the tree when r finishes."""

@@ -157,10 +157,23 @@ def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tu
     return row, crossings
 
 
-def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]) -> None:
+def _on_path(seqs: list[tuple] | None, i: int, j: int, length: int) -> bool:
+    """Request i's first `length` input tokens are request j's input + output tokens there (unknown ids: True)."""
+    if seqs is None:
+        return True
+    (ids, _), (prev_in, prev_out) = seqs[i], seqs[j]
+    if not ids or not prev_in:
+        return True
+    return list(ids[:length]) == (list(prev_in) + list(prev_out or []))[:length]
+
+
+def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]],
+                               seqs: list[tuple] | None = None) -> None:
     """Link each turn that restored `cached_tokens = b` to the previous turn's crossing of b (same session and
     sweep point): that is the #37817 signature, a checkpoint saved (or not) by the verify tracking path, then
-    restored by the next turn.
+    restored by the next turn. When the previous turn restored b itself on the same path (a later turn that
+    branches off its history, workloads/README.md), the link goes to the turn before it that did not; a turn
+    that branched off below b restored another path's checkpoint ("none"). `seqs`: each row's (input, output) ids.
 
     `restored_link`: "verify" when the engine reported the previous turn's verify steps (spec_trace) and one
     crossed b; "position" when it did not report them and b lies in the previous turn's generated positions
@@ -172,17 +185,25 @@ def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]
     index: dict[tuple, int] = {}
     for i, r in enumerate(rows):
         index.setdefault((r["pool"], r["concurrency"], r["session_id"], r["turn"]), i)
-    for row in rows:
+    for i, row in enumerate(rows):
         turn, cached = row["turn"], row["cached_tokens"]
         if not isinstance(turn, int) or turn <= 0 or cached <= 0:
             continue
         prev = index.get((row["pool"], row["concurrency"], row["session_id"], turn - 1))
+        # a turn that restored this same checkpoint did not take it: the turn before it did (a turn that branches
+        # off its history restores the checkpoint the turn it branched from restored)
+        while (prev is not None and rows[prev]["cached_tokens"] == cached and rows[prev]["turn"] > 0
+               and _on_path(seqs, i, prev, cached)):
+            prev = index.get((row["pool"], row["concurrency"], row["session_id"], rows[prev]["turn"] - 1))
         if prev is None:
             continue
         before = rows[prev]
         if before["class"] == "error" or before["interval"] is None:
             continue  # what the previous turn crossed or took is unknown: no link claimed
         row["restored_link"] = "prefill" if before["cached_tokens"] < cached <= before["input_len"] else "none"
+        if not _on_path(seqs, i, prev, cached):
+            row["restored_link"] = "none"
+            continue
         for x in crossings[prev]:
             if x.boundary != cached:
                 continue
@@ -220,14 +241,15 @@ def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: 
     `references` maps `input_hash` to the reference record; `threshold` is the soft margin, `tolerance`
     the log-prob drift allowed.
     """
-    rows, crossings = [], []
+    rows, crossings, seqs = [], [], []
     for cand in candidates:
         row, xs = _row(cand, references.get(str(cand.get("input_hash"))), threshold, tolerance)
         rows.append(row)
         crossings.append(xs)
+        seqs.append((cand.get("input_ids"), cand.get("output_ids")))
     if not rows:
         return empty_frame()
-    _link_restored_checkpoints(rows, crossings)
+    _link_restored_checkpoints(rows, crossings, seqs)
     return _typed(pd.DataFrame(rows, columns=REQUEST_COLUMNS))
 
 

@@ -47,7 +47,8 @@ def render_html(results: RunResults) -> str:
     if (r.config.get("calibration") or {}).get("text"):  # harness/calibrate.py: thresholds from a clean baseline
         parts.append(f"<h2>Calibration</h2><p>{html.escape(r.config['calibration']['text'])}.</p>")
     parts += [floor_section(r.floor, _plot(r, "drift_floor")), boundaries_section(r.boundaries),
-              coverage_section(r.coverage, _plot(r, "coverage")), sweep_section(r.configs), "<h2>Plots</h2>"]
+              coverage_section(r.coverage, _plot(r, "coverage"), r.tree_shapes), sweep_section(r.configs),
+              "<h2>Plots</h2>"]
     for name, path in r.plots.items():
         if name not in SECTION_PLOTS:
             parts.append(plot_img(Path(path), name.replace("_", " ")))

@@ -119,18 +119,38 @@ def boundaries_section(boundaries: pd.DataFrame) -> str:
     return "<h2>Per-boundary results</h2>" + intro + note + table(shown, left=("boundary_kind",), row_class=row_class)
 
 
-def coverage_section(coverage: pd.DataFrame, plot: str) -> str:
-    """Cells (verify step holding the boundary, commit length) crossed and restored, per interval."""
+def coverage_section(coverage: pd.DataFrame, plot: str, shapes: pd.DataFrame | None = None) -> str:
+    """Cells (verify step holding the boundary, commit length) crossed and restored, per interval; then the
+    radix-tree shapes the restores reached."""
     summary = coverage_summary(coverage) if len(coverage) else []
     if not summary:
-        return ("<h2>Boundary-case coverage</h2><p>No verify crossings were reported (no <code>spec_trace</code>), "
-                "so the (step, commit length) cells reached are unknown.</p>")
-    items = "".join(f"<li>interval {s['interval']}: {s['crossed']}/{s['cells']} cells crossed in a verify step, "
-                    f"{s['restored']}/{s['cells']} restored by a later turn, {s['restored_flagged']} restored cells "
-                    "with a flagged request</li>" for s in summary)
-    return ("<h2>Boundary-case coverage</h2><p>Which (verify step holding the boundary, commit length) cells the run "
-            "reached (<code>coverage.csv</code>); <code>--cover</code> forces every cell on the built-in engine."
-            f"</p><ul>{items}</ul>" + plot)
+        cells = ("<p>No verify crossings were reported (no <code>spec_trace</code>), so the (step, commit length) "
+                 "cells reached are unknown.</p>")
+    else:
+        items = "".join(f"<li>interval {s['interval']}: {s['crossed']}/{s['cells']} cells crossed in a verify "
+                        f"step, {s['restored']}/{s['cells']} restored by a later turn, {s['restored_flagged']} "
+                        "restored cells with a flagged request</li>" for s in summary)
+        cells = ("<p>Which (verify step holding the boundary, commit length) cells the run reached "
+                 "(<code>coverage.csv</code>); <code>--cover</code> forces every cell on the built-in engine."
+                 f"</p><ul>{items}</ul>" + plot)
+    return "<h2>Boundary-case coverage</h2>" + cells + tree_shapes_part(shapes)
+
+
+def tree_shapes_part(shapes: pd.DataFrame | None) -> str:
+    """Where restored requests' prefix matches ended in the radix tree (`tree_shapes.csv`), per interval."""
+    if shapes is None or not len(shapes):
+        return "<h3>Tree shapes</h3><p>No candidate request restored a checkpoint.</p>"
+    missed = shapes[(shapes["designed"] > 0) & (shapes["designed_reached"] < shapes["designed"])]
+    note = "".join(f'<p class="warn">interval {r["interval"]}: {r["designed"] - r["designed_reached"]} of '
+                   f'{r["designed"]} requests designed to reach <code>{esc(r["shape"])}</code> did not (see '
+                   "<code>tree_shapes.csv</code>)</p>" for r in missed.to_dict("records"))
+    intro = ("<h3>Tree shapes</h3><p>Where each restored request's prefix match ended, from its ids and the "
+             "requests that finished before it on its replica (docs/reports.md): <code>checkpoint</code> (at the "
+             "checkpoint it restored), <code>split</code> (at or through a node two earlier requests' divergence "
+             "split off, without a checkpoint of its own: it fell back to an ancestor's), <code>deeper</code> "
+             "(into an edge past the checkpoint it restored); <code>sibling</code>: the checkpoint came from "
+             "another session. <i>designed</i>: what the workload meant to reach.</p>")
+    return intro + note + table(shapes, left=("shape", "by_concurrency"))
 
 
 def sweep_section(configs: pd.DataFrame) -> str:

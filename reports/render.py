@@ -63,12 +63,13 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) ->
 
     df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold,
                  tolerance=thresholds.drift_tolerance)
-    tables = write_tables(df, run_dir, run.stats)
+    tables = write_tables(df, run_dir, run.stats, run.candidates)
     floor = noise_floor(df, thresholds.drift_tolerance)
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=evaluate(df, thresholds), config=config,
                          records={r.get("key"): r for r in run.candidates}, references=run.references,
-                         coverage=tables["coverage"], diagnosis=diagnose(df), floor=floor,
+                         coverage=tables["coverage"], tree_shapes=tables["tree_shapes"], diagnosis=diagnose(df),
+                         floor=floor,
                          warnings=_warnings(run, df) + floor.warnings())
     results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots", results.coverage,
                                 thresholds.drift_tolerance)

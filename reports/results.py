@@ -27,6 +27,7 @@ class RunResults:
     records: dict[str, dict]  # candidate key -> record
     references: dict[str, dict]  # input_hash -> reference record
     coverage: pd.DataFrame
+    tree_shapes: pd.DataFrame  # interval x tree shape (reports/tree_shapes.py)
     diagnosis: Diagnosis
     floor: NoiseFloor
     plots: dict[str, Path] = field(default_factory=dict)

@@ -63,6 +63,10 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     for s in coverage_summary(results.coverage) if len(results.coverage) else []:
         lines.append(f"Coverage at interval {s['interval']}: {s['crossed']}/{s['cells']} (step, commit length) "
                      f"cells crossed, {s['restored']}/{s['cells']} restored.")
+    shapes = results.tree_shapes
+    for interval, g in shapes.groupby("interval", sort=True) if len(shapes) else []:
+        lines.append(f"Tree shapes at interval {interval} (restored requests, flagged): " + ", ".join(
+            f"{r['shape']} {r['requests']} ({r['flagged']})" for r in g.to_dict("records")) + ".")
     if len(configs):
         lines += ["", cache_pressure_text(configs), ""]
     mism = (boundaries[(boundaries["hard"] + boundaries["drift"] + boundaries["soft"]) > 0] if len(boundaries)

@@ -16,6 +16,7 @@ from reports.analyze import REQUEST_COLUMNS, crossings_json
 from reports.coverage import cells, cells_reached, coverage_table
 from reports.escape import csv_cell
 from reports.oracle import CLASSES, FLAGGED
+from reports.tree_shapes import SHAPE_COLUMNS, request_shapes, shapes_table
 
 # Boundary kinds, in report order (docs/reports.md says what offset and commit_len mean for each).
 BOUNDARY_KINDS = ("restored", "restored_verify", "restored_position", "restored_prefill", "crossed_verify",
@@ -169,11 +170,14 @@ def requests_table(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None = None) -> dict[str, pd.DataFrame]:
-    """Write requests.csv, boundaries.csv, configs.csv and coverage.csv into `run_dir`; return the frames."""
+def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None = None,
+                 candidates: list[dict] | None = None) -> dict[str, pd.DataFrame]:
+    """Write requests.csv, boundaries.csv, configs.csv, coverage.csv and tree_shapes.csv (from the candidate
+    records' ids: reports/tree_shapes.py; empty without them) into `run_dir`; return the frames."""
     run_dir = Path(run_dir)
+    shapes = shapes_table(request_shapes(candidates), df) if candidates else pd.DataFrame(columns=SHAPE_COLUMNS)
     tables = {"requests": requests_table(df), "boundaries": boundaries_table(df),
-              "configs": configs_table(df, stats), "coverage": coverage_table(df)}
+              "configs": configs_table(df, stats), "coverage": coverage_table(df), "tree_shapes": shapes}
     for name, table in tables.items():
         csv_safe(table).to_csv(run_dir / f"{name}.csv", index=False, float_format="%.6g")
     return tables

@@ -1,7 +1,7 @@
 """Deterministic workloads: the frozen boundary suite, seeded load profiles, user JSONL files.
 
     from workloads import list_suites, load_suite
-    sessions = load_suite("frozen")                      # 68 two-turn sessions from data/frozen.jsonl
+    sessions = load_suite("frozen")                      # 72 sessions (148 requests) from data/frozen.jsonl
     sessions = load_suite("frozen", intervals=(512,), block_size=16, tokenizer=tok)  # generated for that target
     sessions = load_suite("load", seed=0, num_requests=1024)
     sessions = load_suite("cover", intervals=(128, 256), block_size=8)  # one session per boundary cell

@@ -1,4 +1,4 @@
-"""The frozen boundary suite: 68 two-turn sessions, 34 per track interval (128, 256).
+"""The frozen boundary suite: 72 sessions, 36 per track interval (128, 256).
 
 Per interval: turn-0 prompts at every offset -B..+1 around boundaries k*I
 (k = 1 and 2, different text), four prompts whose turn 0 spans 2-4 boundaries,
@@ -8,6 +8,9 @@ a page boundary, mid-page and below the first boundary), so the radix tree split
 edges and matches stop at nodes with and without checkpoints. Turn 0 decodes past
 the next boundary (plus a margin); turn 1 appends a fixed suffix to turn 0's input
 and output, so it hits the radix entry that turn 0's tracked checkpoint created.
+Those 68 sessions have two turns; the `tree` group (workloads/tree.py) adds two
+sessions per interval whose later turns branch off their own history, so requests
+match into split nodes and siblings' checkpoints at every concurrency.
 
     python -m workloads.frozen --write      # regenerate workloads/data/frozen.jsonl
     python -m workloads.frozen --check      # exit 1 if the committed file and the generator differ
@@ -18,13 +21,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 
-from protocol.boundaries import FLA_CHUNK_SIZE, boundaries_upto, next_boundary, prefill_track_position
+from protocol.boundaries import boundaries_upto, next_boundary
 from protocol.tokenizer import BYTE_TOKENIZER, Tokenizer
 from workloads.corpus import DATA_DIR, TextCursor, heldout_documents
+from workloads.frozen_describe import describe
 from workloads.schema import DEFAULT_BLOCK_SIZE, DEFAULT_INTERVALS, Session, Turn, dumps_jsonl
+from workloads.tree import tree_sessions
 from workloads.validate import validate_file
 
 FROZEN_PATH = DATA_DIR / "frozen.jsonl"
@@ -36,7 +40,6 @@ TURN1_MAX_NEW_TOKENS = 32
 # (k, offset): turn-0 prompt k*I + offset; with decoding, turn 0 spans 2, 3, 4 and 3 boundaries
 MULTI_CASES = ((2, -3), (3, -5), (4, -2), (2, 3))
 NUM_CONTROLS = 4
-GROUPS = ("offset", "multi", "control", "shared")
 PAGE = 16  # the built-in engine's default KV page size: radix edges split at multiples of it
 STEM_SHORT = 8  # the stem prompt ends this far below boundary 2I, so its turn 0 crosses 2I in a verify step
 # Shared-prefix group, in run order (at concurrency 1 each session sees the tree its predecessors left):
@@ -184,7 +187,8 @@ def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS, block_size: 
                     tokenizer: Tokenizer = BYTE_TOKENIZER, seed: int = 0,
                     max_context: int | None = None) -> list[Session]:
     """The frozen suite, deterministically: offset cases (-B..+1), multi-boundary cases, controls per interval,
-    then the shared-prefix group of every interval (last, so the other cases keep their text).
+    then the shared-prefix group of every interval, then the tree group of every interval (each group after
+    the others, so the cases before it keep their text).
 
     Prompts are exact token lengths in `tokenizer`; `seed` picks where the text starts (0: the committed
     suite's text); sessions that could outgrow `max_context` tokens are left out.
@@ -197,6 +201,8 @@ def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS, block_size: 
         sessions += _control_sessions(b, interval)
     for interval in intervals:
         sessions += _shared_sessions(b, interval)
+    for interval in intervals:
+        sessions += tree_sessions(b.take, tokenizer, interval, block_size)
     return [s for s in sessions if max_context is None or s.max_total_tokens() <= max_context]
 
 
@@ -215,58 +221,6 @@ def check_file(path: Path) -> str | None:
         if e != a:
             return f"{path}:{i}: differs from the generator (session {sessions[i - 1].session_id})"
     return f"{path}: {len(act_lines)} lines, the generator writes {len(exp_lines)}"
-
-
-def _fmt_counts(counter: Counter) -> str:
-    return " ".join(f"{key}:{counter[key]}" for key in sorted(counter))
-
-
-def describe(sessions: list[Session]) -> str:
-    """The coverage table: per interval, offsets, boundaries spanned, controls; then totals."""
-    lines = []
-    for interval in sorted({s.interval for s in sessions if s.interval is not None}):
-        mine = [s for s in sessions if s.interval == interval]
-        groups = Counter(s.group for s in mine)
-        lines.append(f"interval {interval}: {len(mine)} sessions ("
-                     + ", ".join(f"{g} {groups[g]}" for g in GROUPS if groups[g]) + ")")
-        lines.append(f"  {'offset':>6}  {'count':>5}  {'turn-0 lengths':<16}  max_new_tokens")
-        offsets = [s for s in mine if s.group == "offset"]
-        for off in sorted({s.meta["boundary_offset"] for s in offsets}):
-            at = [s for s in offsets if s.meta["boundary_offset"] == off]
-            lens = ", ".join(str(s.prompt_len) for s in at)
-            news = ", ".join(str(s.turns[0].max_new_tokens) for s in at)
-            lines.append(f"  {off:>+6}  {len(at):>5}  {lens:<16}  {news}")
-        for group in ("offset", "multi"):
-            spans = Counter(s.meta["boundaries_spanned"] for s in mine if s.group == group)
-            lines.append(f"  boundaries spanned by turn 0 ({group}): {_fmt_counts(spans)}")
-        # where a cold turn 0 (one extend) is checkpointed on the built-in engine / SGLang: the 64-token grid
-        ckpt = Counter(prefill_track_position(0, s.prompt_len, FLA_CHUNK_SIZE) for s in mine)
-        off_grid = sum(v for k, v in ckpt.items() if k and k % interval)
-        at = _fmt_counts(Counter({k: v for k, v in ckpt.items() if k}))
-        lines.append(f"  turn-0 prefill checkpoints (deepest 64-aligned position): {at}; {off_grid} not a multiple "
-                     f"of I; none (prompt < 64): {ckpt[None]}")
-        multi = [s for s in mine if s.group == "multi"]
-        lines.append("  multi: " + ", ".join(f"{s.session_id.rsplit('-', 1)[1]} len {s.prompt_len} "
-                                             f"spans {s.meta['boundaries_spanned']}" for s in multi))
-        controls = [s for s in mine if s.group == "control"]
-        if controls:
-            ends = max(s.max_total_tokens() for s in controls)
-            lines.append(f"  control: {len(controls)} sessions, prompts "
-                         f"{', '.join(str(s.prompt_len) for s in controls)}; longest session ends at {ends}, "
-                         f"more than a block below boundary {interval}")
-        shared = [s for s in mine if s.group == "shared"]
-        if shared:
-            lines.append(f"  shared: {len(shared)} sessions sharing prefixes of the stem (in run order)")
-            lines.append(f"    {'session':<8}  {'shared':>6}  {'prompt':>6}  {'max_new':>7}  prefix ends at")
-            for s in shared:
-                lines.append(f"    {s.session_id.rsplit('-', 1)[1]:<8}  {s.meta['shared_prefix_len']:>6}  "
-                             f"{s.prompt_len:>6}  {s.turns[0].max_new_tokens:>7}  {s.meta['prefix_ends']}")
-    requests = sum(len(s.turns) for s in sessions)
-    per = ", ".join(f"{c} at I={i}" for i, c in sorted(Counter(s.interval for s in sessions).items()))
-    lines.append(f"total: {len(sessions)} sessions ({per}), {requests} requests, "
-                 f"longest turn-0 prompt {max(s.prompt_len for s in sessions)} tokens, "
-                 f"longest session {max(s.max_total_tokens() for s in sessions)} tokens")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 Turn 0 carries the full prompt (ids and text). Turn n > 0 carries only a suffix:
 its input is turn n-1's input + turn n-1's output (known at run time) + the
-suffix, built by the harness.
+suffix, built by the harness; a turn with `branch_at` keeps only the first
+`branch_at` tokens of that history before its suffix, so it branches off it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Turn:
     text: str | None = None  # turn 0: the prompt text (same content as input_ids)
     suffix_ids: tuple[int, ...] | None = None  # turn n>0: appended after prev input + prev output
     suffix_text: str | None = None
+    branch_at: int | None = None  # turn n>0: keep only this many tokens of prev input + prev output
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ class Session:
         return len(ids) if ids is not None else 0
 
     def turn_input(self, turn: int, prev_input: list[int] | None, prev_output: list[int] | None) -> list[int]:
-        """Input ids of `turn`: turn 0's prompt; else the previous input + its (candidate) output + the suffix."""
+        """Input ids of `turn`: turn 0's prompt; else the previous input + its (candidate) output + the suffix,
+        that history cut to its first `branch_at` tokens when the turn branches (all of it when it is shorter)."""
         t = self.turns[turn]
         if turn == 0:
             if t.input_ids is None:
@@ -65,14 +68,17 @@ class Session:
             return list(t.input_ids)
         if prev_input is None or prev_output is None:
             raise ValueError(f"session {self.session_id}: turn {turn} needs turn {turn - 1}'s output")
-        return list(prev_input) + list(prev_output) + list(t.suffix_ids or ())
+        history = list(prev_input) + list(prev_output)
+        if t.branch_at is not None:
+            history = history[: t.branch_at]
+        return history + list(t.suffix_ids or ())
 
     def max_total_tokens(self) -> int:
         """The longest the sequence can get: prompt, every suffix and every turn's max output."""
         return self.prompt_len + sum(t.max_new_tokens + len(t.suffix_ids or ()) for t in self.turns)
 
 
-TURN_FIELDS = ("max_new_tokens", "input_ids", "text", "suffix_ids", "suffix_text")
+TURN_FIELDS = ("max_new_tokens", "input_ids", "text", "suffix_ids", "suffix_text", "branch_at")
 SESSION_FIELDS = ("session_id", "suite", "interval", "group", "targets", "meta", "turns")
 
 

@@ -111,9 +111,10 @@ def parse_turn(line: _Line, obj: object, index: int) -> Turn:
     if not _is_int(max_new) or max_new <= 0:
         raise line.fail(prefix + "max_new_tokens", f"must be a positive integer, got {json.dumps(max_new)}")
     if index == 0:
-        for key in ("suffix_ids", "suffix_text"):
+        for key in ("suffix_ids", "suffix_text", "branch_at"):
             if key in obj:
-                raise line.fail(prefix + key, "turn 0 carries the prompt in 'input_ids'/'text', not a suffix")
+                raise line.fail(prefix + key, "turn 0 carries the prompt in 'input_ids'/'text', not a suffix "
+                                "or a branch point")
         ids, text = _ids_and_text(line, obj, prefix, "input_ids", "text", allow_empty=False)
         return Turn(max_new_tokens=max_new, input_ids=ids, text=text)
     for key in ("input_ids", "text"):
@@ -121,7 +122,11 @@ def parse_turn(line: _Line, obj: object, index: int) -> Turn:
             raise line.fail(prefix + key,
                             "only turn 0 has a prompt; later turns give 'suffix_ids'/'suffix_text'")
     ids, text = _ids_and_text(line, obj, prefix, "suffix_ids", "suffix_text", allow_empty=True)
-    return Turn(max_new_tokens=max_new, suffix_ids=ids, suffix_text=text)
+    branch_at = obj.get("branch_at")
+    if branch_at is not None and (not _is_int(branch_at) or branch_at < 0):
+        raise line.fail(prefix + "branch_at", f"must be a non-negative integer (tokens of the previous turn's "
+                        f"input and output to keep), got {json.dumps(branch_at)}")
+    return Turn(max_new_tokens=max_new, suffix_ids=ids, suffix_text=text, branch_at=branch_at)
 
 
 def _optional_str(line: _Line, obj: dict, key: str, default: str, *, allow_empty: bool = True) -> str:

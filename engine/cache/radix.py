@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from engine.cache.kv_pool import KVPool
 from engine.cache.state_pool import StatePool
+from engine.faults import MATCH_PAST_CHECKPOINT, active
 
 
 @dataclass(eq=False)
@@ -47,11 +48,13 @@ class InsertResult:
     checkpoint_adopted: bool  # False: the node already had one; caller frees its slot
     node: Node | None = None  # the node ending at the inserted length (lock it to keep the prefix)
     pages: tuple[int, ...] = ()  # the tree's pages for the inserted tokens (the caller's page table prefix)
+    splits: tuple[tuple[Node, Node], ...] = ()  # (upper, lower) of each edge this insertion split, root first
 
 
 class RadixCache:
-    def __init__(self, kv: KVPool, state: StatePool, page_size: int):
+    def __init__(self, kv: KVPool, state: StatePool, page_size: int, inject_fault: str | None = None):
         self.kv, self.state, self.page_size = kv, state, page_size
+        self.inject_fault = inject_fault  # engine/faults.py: the match-side fault hook reads it
         self.root = Node()
         self.root.lock_ref = 1  # never evicted
         self._clock = itertools.count(1)
@@ -92,6 +95,9 @@ class RadixCache:
                 best = MatchResult(pos, tuple(pages), node.checkpoint, node)
         for n in path:
             n.last_access = next(self._clock)
+        if active(self, MATCH_PAST_CHECKPOINT) and best.checkpoint is not None and pos > best.cached_len:
+            # the walked whole nodes' KV with the shallower checkpoint's state (#22935's rule broken)
+            return MatchResult(pos, tuple(pages), best.checkpoint, node, max(kv_len, pos))
         return MatchResult(best.cached_len, best.pages, best.checkpoint, best.node, max(kv_len, best.cached_len))
 
     def _common(self, key, tokens, pos) -> int:
@@ -122,7 +128,7 @@ class RadixCache:
         """
         ps = self.page_size
         assert len(tokens) % ps == 0 and len(pages) == len(tokens) // ps
-        node, pos, dups = self.root, 0, []
+        node, pos, dups, splits = self.root, 0, [], []
         now = next(self._clock)
         while pos < len(tokens):
             child = node.children.get(self._page_key(tokens, pos))
@@ -134,7 +140,9 @@ class RadixCache:
                 break
             n = self._common(child.key, tokens, pos)
             if n < len(child.key):
+                lower = child
                 child = self._split(child, n)
+                splits.append((child, lower))
             dups.extend(p for p, q in zip(pages[pos // ps : (pos + n) // ps], child.pages, strict=True) if p != q)
             pos += n
             node = child
@@ -144,7 +152,7 @@ class RadixCache:
             if node.checkpoint is None:
                 node.checkpoint = checkpoint
                 adopted = True
-        return InsertResult(tuple(dups), adopted, node, tuple(self._path_pages(node)))
+        return InsertResult(tuple(dups), adopted, node, tuple(self._path_pages(node)), tuple(splits))
 
     def _path_pages(self, node: Node) -> list[int]:
         """The KV pages of the prefix ending at `node`, root first."""

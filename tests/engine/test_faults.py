@@ -5,7 +5,9 @@ import functools
 import pytest
 
 from engine.faults import FAULTS
+from protocol.tokenizer import BYTE_TOKENIZER
 from tests.engine.sessions import SUFFIX, make_engine, prompt, req
+from workloads.tree import tree_sessions
 
 B, I = 8, 128
 
@@ -54,7 +56,7 @@ def test_other_faults_change_behaviour(fault):
 
 
 def test_registry_documents_every_fault():
-    assert "stale-seq-lens" in FAULTS and len(FAULTS) == 9
+    assert "stale-seq-lens" in FAULTS and len(FAULTS) == 11
     for f in FAULTS.values():
         assert len(f.doc) > 200 and f.summary
 
@@ -148,3 +150,35 @@ def test_track_dropped_on_batch_change_loses_the_crossing_after_a_join(fault, pl
     first_crossing = next(i for i, (p, c, _) in enumerate(o1.spec_trace) if p // 128 != (p + c) // 128)
     assert (first_crossing == 0) == exposed
     assert (o2.output_ids != _cold_small(ids2, 16).output_ids) == (fault is not None and exposed)
+
+
+def _fan_turns(fault):
+    """The frozen suite's `fan` session at I = 128 (workloads/tree.py) with random text: turn 0 crosses 128 in a
+    verify step; turn 1 continues; turns 2 and 3 branch off the history at 165. Outputs, inputs, cold outputs."""
+    e = make_engine(model_preset="small", speculative_algorithm="DFLASH", mamba_track_interval=128,
+                    inject_fault=fault)
+    tokens = iter(prompt(400, seed=38))
+    [fan, _sib] = tree_sessions(lambda n: [next(tokens) for _ in range(n)], BYTE_TOKENIZER, 128, 8)
+    outs, inputs, prev = [], [], (None, None)
+    for n, turn in enumerate(fan.turns):
+        ids = fan.turn_input(n, *prev)
+        outs.append(e.generate([req(f"fan{n}", ids, turn.max_new_tokens)])[0])
+        inputs.append(ids)
+        prev = (ids, list(outs[-1].output_ids))
+    return outs, inputs, [_cold_small(ids, len(o.output_ids)) for ids, o in zip(inputs, outs, strict=True)]
+
+
+def _moved(o, ref) -> bool:
+    """Other tokens, or log-probs beyond the oracle's 1e-3 tolerance, than the cold path's."""
+    return o.output_ids != ref.output_ids or max(
+        abs(a - b) for a, b in zip(o.output_logprobs, ref.output_logprobs, strict=True)) > 1e-3
+
+
+@pytest.mark.parametrize("fault", [None, "match-past-checkpoint", "split-inherits-checkpoint"])
+def test_split_node_faults_hit_only_the_match_that_ends_at_the_split_node(fault):
+    """Boundary kind: restore at a node a split created. Turn 2's insertion splits turn 1's edge at 160 (no
+    checkpoint); turn 3's match ends there and falls back to 128, unless a fault makes it resume at 160: with
+    the walked KV and the 128 state, or with a copy of turn 1's checkpoint (its 192-token prefix's state)."""
+    outs, _, cold = _fan_turns(fault)
+    assert [o.cached_tokens for o in outs] == [0, 128, 128, 128 if fault is None else 160]
+    assert [_moved(o, ref) for o, ref in zip(outs, cold, strict=True)] == [False, False, False, fault is not None]

@@ -297,3 +297,38 @@ def test_flush_returns_everything_to_the_pools():
     assert t.radix.match_prefix(A[:24]).cached_len == 0
     t.insert(A[:8])  # usable again, from the lowest pages
     assert edges(t.radix.root) == [(8, 100, 8, (0, 1), 0, 0)]
+
+
+def _fan_tree(fault: str | None = None) -> tuple[Tree, list[int]]:
+    """A[:16] (ckpt at 16), then a sibling leaving it at 10 inserted to 16 (ckpt): the split node at depth 8
+    has no checkpoint. Returns the tree and the insertion's splits."""
+    t = Tree()
+    t.radix.inject_fault = fault
+    t.insert(A[:16])
+    _, _, res = t.insert(A[:10] + B[:6])
+    return t, res
+
+
+def test_an_insertion_reports_the_edges_it_split():
+    t, res = _fan_tree()
+    [(upper, lower)] = res.splits
+    assert (upper.depth, upper.checkpoint, lower.depth, lower.checkpoint, lower.parent is upper) == (8, None, 16, 0,
+                                                                                                       True)
+    assert t.insert(A[:16])[2].splits == ()  # all there: nothing split
+
+
+def test_a_match_ending_at_a_split_node_resumes_at_the_ancestor():
+    t, _ = _fan_tree()
+    _, s4, r4 = t.insert(A[:4])  # a checkpoint above the split node: the split node itself has none
+    m = t.radix.match_prefix(A[:9] + B[:7])  # passes the split node (depth 8) whole, matches neither child
+    assert (m.cached_len, m.checkpoint, m.kv_len, m.pages) == (4, s4, 8, r4.pages)
+
+
+def test_match_past_checkpoint_returns_the_walked_nodes_kv():
+    t, _ = _fan_tree("match-past-checkpoint")
+    _, s4, _ = t.insert(A[:4])
+    m = t.radix.match_prefix(A[:9] + B[:7])
+    assert (m.cached_len, m.checkpoint, m.kv_len, len(m.pages), m.node.depth) == (8, s4, 8, 2, 8)
+    # where the deepest whole node holds the checkpoint, or none is on the path, the fault changes nothing
+    assert t.radix.match_prefix(A[:17]).cached_len == 16
+    assert t.radix.match_prefix(B[:8]).cached_len == 0

@@ -300,3 +300,23 @@ def test_position_linked_restores_are_a_boundary_kind_and_their_text_says_unknow
     assert "a checkpoint turn 0 crossed (position-linked; which verify step: unknown" in text
     assert _restored_empty(reported=False, unreported=True, linked=1).startswith("unknown: verify steps not reported")
     assert _restored_empty(reported=True, unreported=False, linked=0).startswith("no restored checkpoint was crossed")
+
+
+def test_a_branch_turn_is_linked_to_the_turn_that_crossed_its_checkpoint():
+    """Turns 2 and 3 branch off their history (workloads/README.md, `branch_at`) and restore the checkpoint turn 1
+    restored: the crossing that took it is turn 0's. A turn that branched off below it restored another path's."""
+    p0, out0 = prompt(250), list(range(65, 81))  # turn 0 crosses 256 in its second verify step
+    p1 = p0 + out0 + prompt(10, 5)
+    p2 = p1[:262] + prompt(12, 7)  # branches off turn 1's history at 262, past the checkpoint at 256
+    p3 = p0[:200] + prompt(70, 9)  # branches off below 256: a checkpoint at 256 there is another path's
+    out = [70] * 8
+    df = run(pair(p0, out0, session_id="s", turn=0, spec_trace=[[251, 3, -1], [254, 3, -1], [257, 3, -1]])
+             + pair(p1, out, session_id="s", turn=1, cached_tokens=256, spec_trace=[])
+             + pair(p2, out, session_id="s", turn=2, cached_tokens=256, spec_trace=[])
+             + pair(p2 + out + prompt(4, 8), out, session_id="s", turn=3, cached_tokens=256, spec_trace=[])
+             + pair(p3, out, session_id="s", turn=4, cached_tokens=256, spec_trace=[]))
+    links = {k: (df.loc[k, "restored_link"], bool(df.loc[k, "restored_verify_crossed"]))
+             for k in (f"i256-c1/s/{n}" for n in (1, 2, 3, 4))}
+    assert links == {"i256-c1/s/1": ("verify", True), "i256-c1/s/2": ("verify", True),
+                     "i256-c1/s/3": ("verify", True), "i256-c1/s/4": ("none", False)}
+    assert df.loc["i256-c1/s/2", "restored_crossing_step"] == 1

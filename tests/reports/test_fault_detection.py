@@ -27,8 +27,11 @@ from records.schema import Generation, build_record, candidate_key, reference_ke
 from reports.analyze import analyze
 from reports.coverage import coverage_table
 from reports.tables import boundaries_table
+from reports.tree_shapes import request_shapes
+from workloads.corpus import TextCursor, heldout_documents
 from workloads.cover import generate_cover
 from workloads.schema import Session, Turn
+from workloads.tree import tree_sessions
 
 I, B = 32, 4  # small enough for the tiny model to run every cell in seconds
 SUFFIX = tuple(BYTE_TOKENIZER.encode("\n# again\n"))
@@ -44,13 +47,19 @@ def restored_untracked_verify(row: dict) -> bool:
 
 
 def restored_generated(row: dict) -> bool:
-    """Restored a checkpoint the previous turn took while generating (decode/verify), inserted when it finished."""
+    """Restored a checkpoint the turn that took it took while generating (decode/verify), inserted when it finished.
+    That turn is the previous one, or the one before a turn that restored the same checkpoint (a branch turn)."""
     return bool(row["restored"]) and row["cached_tokens"] > row["prev_input_len"]
 
 
 def restored_prefill(row: dict) -> bool:
-    """Restored a checkpoint the previous turn took inside its prompt's prefill extend."""
+    """Restored a checkpoint the turn that took it took inside its prompt's prefill extend."""
     return bool(row["restored"]) and row["cached_tokens"] <= row["prev_input_len"]
+
+
+def restored_at_split(row: dict) -> bool:
+    """Its match went to a node a diverging sibling's insertion split off (reports/tree_shapes.py: `split`)."""
+    return row["tree_shape"] == "split"
 
 
 def any_verify(row: dict) -> bool:
@@ -79,6 +88,9 @@ FAULT_PATHS = {
     # the conv window keeps a rejected draft's input: every request with a partial acceptance, cache or not
     "conv-rollback-wrong-step": FaultPath(any_verify, "divergence", reach=20, from_restore=False),
     "prefill-checkpoint-off-boundary": FaultPath(restored_prefill, "restored", reach=1),  # the `prefill` session
+    # the `fan` session's turn 3: its match ends at the node turn 2 split off, without a checkpoint of its own
+    "match-past-checkpoint": FaultPath(restored_at_split, "restored", reach=1),  # resumes there, with I's state
+    "split-inherits-checkpoint": FaultPath(restored_at_split, "restored", reach=1),  # ... from a longer prefix's
 }
 # Reached only under state-pool pressure with concurrent requests, which this one-request-at-a-time driver does
 # not make: tests/engine/test_faults.py::test_evict_matched_checkpoint_restores_an_evicted_slot and the gate run
@@ -94,9 +106,12 @@ def _text_session(sid: str, text: str, max_new: int, turn1_new: int = 8) -> Sess
 
 def sessions() -> list[Session]:
     """Every cell at I (verify crossings restored by turn 1), a shared-prefix group whose later members restore
-    another session's checkpoint mid-edge, and a control that never reaches a boundary."""
+    another session's checkpoint mid-edge, the frozen suite's `fan` session (turns that branch off their history:
+    the last one's match ends at a node a split created), and a control that never reaches a boundary."""
     stem = "def stem(x):\n    return [x * k for k in range(10)]  # a stem to share\n"[: 2 * I - 4]
-    return [*generate_cover((I,), B),
+    cursor = TextCursor(heldout_documents(), first_doc=5)
+    fan = tree_sessions(lambda n: cursor.take_tokens(BYTE_TOKENIZER, n), BYTE_TOKENIZER, I, B)
+    return [*generate_cover((I,), B), *fan,
             _text_session("stem", stem, 12),  # crosses 2I in a verify step
             _text_session("ckpt", stem[:I] + "ckpt = {'a': 1}\n", 6),  # inserts [0, I) from prefill's checkpoint
             _text_session("page", stem[: I + 16] + "page = 7\n", 20),  # restores I from `ckpt` (another session)
@@ -111,7 +126,7 @@ def _generation(o) -> Generation:
                       cached_tokens=o.cached_tokens, completion_tokens=len(o.output_ids),
                       finish_reason=(o.finish_reason or {}).get("type"), spec_verify_ct=o.spec_verify_ct,
                       spec_accept_length=o.spec_accept_length, spec_trace=[list(s) for s in o.spec_trace],
-                      ttft=None, itl=None, e2e=0.0)
+                      ttft=None, itl=None, e2e=0.5)
 
 
 def _answer(engine: Engine, rid: str, ids: list[int], max_new: int) -> Generation:
@@ -132,8 +147,10 @@ def run_records(cfg: RunConfig, references: dict[str, dict]) -> list[dict]:
         for n, turn in enumerate(s.turns):
             ids = s.turn_input(n, prev_in, prev_out)
             h = input_hash(ids)
+            # one request at a time: each is sent once the one before it finished (its e2e is 0.5)
             common = dict(run_id="t", session=s, turn=n, input_ids=ids, input_hash=h, node_id=None,
-                          max_new_tokens=turn.max_new_tokens, t_start=0.0, retries=0, error=None, tokenizer="byte")
+                          max_new_tokens=turn.max_new_tokens, t_start=float(len(out)), retries=0, error=None,
+                          tokenizer="byte")
             if h not in references:
                 references[h] = build_record(key=reference_key(h), role="reference", pool="reference",
                                              engine=reference_engine(cfg).record(), concurrency=None,
@@ -153,10 +170,13 @@ def references() -> dict:
 
 
 def analyzed(fault: str | None, references: dict) -> pd.DataFrame:
+    """The analyzed candidates, with each request's tree shape (`tree_shape`) from reports/tree_shapes.py."""
     cfg = RunConfig(intervals=(I,), block_size=B, page_size=16, model_path="random", model_preset="tiny",
                     inject_fault=fault, cover=True)
     cands = run_records(cfg, references)
-    return analyze(cands, {h: r for h, r in references.items() if h != "_engine"})
+    df = analyze(cands, {h: r for h, r in references.items() if h != "_engine"})
+    shapes = request_shapes(cands)[["key", "shape"]].rename(columns={"shape": "tree_shape"})
+    return df.merge(shapes, on="key", how="left")
 
 
 def test_every_registered_fault_has_a_detection_row():
@@ -177,9 +197,12 @@ def test_fault_is_flagged_where_it_acts(fault, references):
     path = FAULT_PATHS[fault]
     df = analyzed(fault, references)
     rows = df.to_dict("records")
-    inputs = {(r["session_id"], r["turn"]): r["input_len"] for r in rows}
-    for r in rows:
-        r["prev_input_len"] = inputs.get((r["session_id"], r["turn"] - 1), 0)
+    by_turn = {(r["session_id"], r["turn"]): r for r in rows}
+    for r in rows:  # the turn that took the restored checkpoint: back past turns that restored it themselves
+        prev = by_turn.get((r["session_id"], r["turn"] - 1))
+        while prev is not None and prev["turn"] > 0 and prev["cached_tokens"] == r["cached_tokens"]:
+            prev = by_turn.get((r["session_id"], prev["turn"] - 1))
+        r["prev_input_len"] = prev["input_len"] if prev is not None else 0
     affected = {r["key"] for r in rows if path.affected(r)}
     flagged = {r["key"] for r in rows if r["class"] in ("drift", "hard")}
     assert len(affected) >= path.reach, "the workload must reach the faulty code"

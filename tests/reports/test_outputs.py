@@ -154,3 +154,25 @@ def test_drift_is_a_junit_failure_and_a_worst_case(tmp_path):
     assert failure.get("type") == "drift" and "log-prob drift 0.7, from output index 0" in failure.get("message")
     page = (tmp_path / "report.html").read_text()
     assert 'class="case drift"' in page and "points at the restored checkpoint" in page
+
+
+def test_tree_shapes_are_written_and_shown_beside_the_cells(tmp_path):
+    """tree_shapes.csv from the records' ids; the page's coverage section shows it and warns where a designed shape
+    was not reached (turn 3 sent before turn 2 finished: designed `split`, reached `deeper`)."""
+    from tests.reports.test_tree_shapes import DESIGN, O0, O1, O2, SEQ1, X2, X3, P
+
+    turns = [(P, O0, 0, 0.0), (SEQ1, O1, 32, 2.0), (SEQ1[:52] + X2, O2, 32, 4.0), (SEQ1[:52] + X3, O2, 32, 4.5)]
+    records = [r for n, (ids, out, cached, t) in enumerate(turns)
+               for r in pair(ids, out, session_id="fan", turn=n, cached_tokens=cached, t_start=t, e2e=1.0,
+                             case={"tree_shapes": DESIGN["fan"]})]
+    run_dir = write_run(tmp_path / "run", records)
+    assert render_cli(run_dir).returncode == 0
+    shapes = pd.read_csv(run_dir / "tree_shapes.csv")
+    got = {r["shape"]: (r["requests"], r["designed"], r["designed_reached"]) for r in shapes.to_dict("records")}
+    assert got == {"checkpoint": (1, 1, 1), "split": (0, 1, 0), "deeper": (2, 1, 1), "sibling": (0, 0, 0)}
+    page = (run_dir / "report.html").read_text()
+    assert page.index("Boundary-case coverage") < page.index("Tree shapes") < page.index("Sweep points")
+    assert "interval 256: 1 of 1 requests designed to reach <code>split</code> did not" in page
+    summary = (run_dir / "summary.md").read_text()
+    assert "Tree shapes at interval 256 (restored requests, flagged): checkpoint 1 (0), split 0 (0), deeper 2 (0)" \
+        in summary

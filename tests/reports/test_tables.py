@@ -9,6 +9,7 @@ import pytest
 
 from reports.analyze import analyze
 from reports.tables import BOUNDARY_COLUMNS, CONFIG_COLUMNS, boundaries_table, configs_table, write_tables
+from reports.tree_shapes import SHAPE_COLUMNS
 from tests.reports.factory import candidate, pair, prompt, reference
 
 
@@ -86,6 +87,8 @@ def test_write_tables_round_trip(df, tmp_path):
     b = pd.read_csv(tmp_path / "boundaries.csv")
     assert len(b) == 8
     assert len(pd.read_csv(tmp_path / "configs.csv")) == 1
+    shapes = pd.read_csv(tmp_path / "tree_shapes.csv")  # no candidate records given: the header alone
+    assert list(shapes.columns) == SHAPE_COLUMNS and shapes.empty
 
 
 def test_empty_tables_have_columns():

@@ -34,9 +34,15 @@ def test_frozen_prompts_have_exact_lengths_in_the_targets_tokenizer(bpe, interva
         t0 = s.turns[0]
         assert len(t0.input_ids) == s.meta["turn0_len"] and all(0 <= t < VOCAB for t in t0.input_ids)
         assert t0.text == bpe.decode(t0.input_ids)
-        if s.group != "shared":  # one slice of one held-out file; shared prompts join two
+        if s.group not in ("shared", "tree"):  # one slice of one held-out file; shared prompts join two
             assert t0.text in held
-        assert s.turns[1].suffix_ids == tuple(bpe.encode(TURN1_SUFFIX))
+        if s.group == "tree":  # branch turns: their own text, exact lengths in the target's tokens
+            fan = s.session_id.endswith("-fan")
+            assert [len(t.suffix_ids) for t in s.turns[1:]] == ([48, 27, 27] if fan else
+                                                                [s.meta["sibling_checkpoint"] - 16])
+            assert all(t.suffix_text == bpe.decode(t.suffix_ids) for t in s.turns[1:])
+        else:
+            assert s.turns[1].suffix_ids == tuple(bpe.encode(TURN1_SUFFIX))
     for interval in intervals:
         offsets = [s for s in sessions if s.interval == interval and s.group == "offset"]
         cases = sorted((s.meta["k"], s.meta["boundary_offset"]) for s in offsets)

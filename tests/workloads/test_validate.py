@@ -8,7 +8,7 @@ import pytest
 
 from protocol.tokenizer import BYTE_TOKENIZER
 from workloads import WorkloadError, list_suites, load_suite, validate_file
-from workloads.schema import Session, Turn
+from workloads.schema import Session, Turn, dumps_jsonl
 
 GOOD = {"session_id": "s1", "turns": [{"text": "def f(x):\n", "max_new_tokens": 8}]}
 
@@ -96,13 +96,22 @@ MALFORMED = [
     ([_session(turns=[{"text": "ab", "input_ids": [97, 99], "max_new_tokens": 1}])], 1, "turns[0].input_ids",
      "does not match the tokenizer's encoding of 'text' (2 ids vs 2; first difference at index 1)"),
     ([_session(turns=[{"text": "a", "suffix_text": "b", "max_new_tokens": 1}])], 1, "turns[0].suffix_text",
-     "turn 0 carries the prompt in 'input_ids'/'text', not a suffix"),
+     "turn 0 carries the prompt in 'input_ids'/'text', not a suffix or a branch point"),
+    ([_session(turns=[{"text": "a", "branch_at": 0, "max_new_tokens": 1}])], 1, "turns[0].branch_at",
+     "turn 0 carries the prompt in 'input_ids'/'text', not a suffix or a branch point"),
+    ([_session(turns=[{"text": "a", "max_new_tokens": 1}, {"suffix_text": "b", "branch_at": -1, "max_new_tokens": 1}])],
+     1, "turns[1].branch_at", "must be a non-negative integer (tokens of the previous turn's input and output to "
+     "keep), got -1"),
+    ([_session(turns=[{"text": "a", "max_new_tokens": 1}, {"suffix_text": "b", "branch_at": "2",
+                                                            "max_new_tokens": 1}])],
+     1, "turns[1].branch_at", "must be a non-negative integer (tokens of the previous turn's input and output to "
+     "keep), got \"2\""),
     ([_session(turns=[{"text": "a", "max_new_tokens": 1}, {"text": "b", "max_new_tokens": 1}])], 1,
      "turns[1].text", "only turn 0 has a prompt; later turns give 'suffix_ids'/'suffix_text'"),
     ([_session(turns=[{"text": "a", "max_new_tokens": 1}, {"suffix_ids": [300], "max_new_tokens": 1}])], 1,
      "turns[1].suffix_ids[0]", "token id 300 is outside the vocabulary 0..259"),
     ([_session(turns=[{"text": "a", "max_new_token": 1}])], 1, "turns[0].max_new_token",
-     "unknown field (allowed: max_new_tokens, input_ids, text, suffix_ids, suffix_text)"),
+     "unknown field (allowed: max_new_tokens, input_ids, text, suffix_ids, suffix_text, branch_at)"),
     ([_session(turns=["x"])], 1, "turns[0]", "must be an object, got str"),
     ([GOOD, GOOD], 2, "session_id", "duplicate 's1' (first on line 1)"),
     ([_session(turns=[{"text": "a" * 2000, "max_new_tokens": 49}])], 1, "turns",
@@ -142,3 +151,20 @@ def test_line_numbers_count_blank_lines(tmp_path):
     path = _file(tmp_path, GOOD, "", "", _session(session_id="s2", interval=0))
     with pytest.raises(WorkloadError, match="^bad.jsonl:4: field 'interval'"):
         validate_file(path)
+
+
+def test_a_branch_turn_keeps_part_of_its_history(tmp_path):
+    """`branch_at` cuts the previous turn's input + output before the suffix; past their end, all of it is kept."""
+    line = _session(turns=[{"text": "abcd", "max_new_tokens": 2}, {"suffix_text": "XY", "branch_at": 3,
+                                                                    "max_new_tokens": 1},
+                           {"suffix_text": "Z", "branch_at": 99, "max_new_tokens": 1}, {"suffix_text": "!",
+                                                                                          "max_new_tokens": 1}])
+    [s] = validate_file(_file(tmp_path, line))
+    assert [t.branch_at for t in s.turns] == [None, 3, 99, None]
+    t1 = s.turn_input(1, list(b"abcd"), list(b"ef"))
+    assert bytes(t1) == b"abcXY"
+    assert bytes(s.turn_input(2, t1, list(b"g"))) == b"abcXYgZ"
+    assert bytes(s.turn_input(3, list(b"abcXYgZ"), list(b"h"))) == b"abcXYgZh!"
+    again = tmp_path / "again.jsonl"
+    again.write_text(dumps_jsonl([s]), encoding="utf-8")
+    assert validate_file(again) == [s]  # the JSON form keeps it

@@ -1,0 +1,168 @@
+"""Tree shapes: where a restored request's prefix match ended in the cache's radix tree, from the records alone.
+
+A record says what a request restored (`cached_tokens`, d > 0) and which tokens it sent; the requests that
+finished on the same replica in the same sweep point before it started say what the cache could hold (their
+input + output ids). Put those sequences in a token trie and walk the request's input (all but its last
+token, which a match always leaves to run). The request *branches off* an earlier sequence at depth D when it
+leaves it inside it; a *split* is a depth where two earlier sequences part. Then, per restored request:
+
+* `checkpoint`: it branches off nothing deeper than d: the match ended at the checkpoint it restored (a turn
+  continuing its own history, or a branch exactly at a checkpoint);
+* `split`: a split lies in (d, D] with a branch going on along the request past it: the match went through
+  (or ended at) the node that split created, which holds no checkpoint of its own, and fell back to an
+  ancestor's (a branch the request only continues past the split is no branch: had the cache held more than
+  d tokens of it, the request would have restored more);
+* `deeper`: D > d with no split in between: the match went into an edge past the checkpoint it restored;
+* `sibling` (besides one of the three): no earlier request of its own session holds its first d tokens, so
+  the checkpoint came from another session's branch.
+
+An engine caches a sequence only up to its checkpoints (SGLang and the built-in engine keep no KV past a
+request's last one), and matches whole pages: a branch past the last checkpoint of the sequence it leaves,
+or less than a page past d, counts here although the tree could not have matched it. The workload's design
+(`meta["tree_shapes"]`, one list per turn) is reported beside what the records show.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from reports.oracle import FLAGGED
+
+SHAPES = ("checkpoint", "split", "deeper", "sibling")  # the first three partition the restored requests
+SHAPE_COLUMNS = ["interval", "shape", "requests", "flagged", "designed", "designed_reached", "by_concurrency"]
+
+
+@dataclass(eq=False)
+class _Node:
+    edge: list[int] = field(default_factory=list)  # tokens on the edge into this node
+    children: dict[int, _Node] = field(default_factory=dict)  # first token of a child's edge -> child
+
+
+class TokenTrie:
+    """A compressed trie of token sequences: where a query leaves them, and where they part from each other."""
+
+    def __init__(self) -> None:
+        self.root = _Node()
+
+    def insert(self, seq: list[int]) -> None:
+        """Add a sequence (splitting the edge where it leaves an existing one)."""
+        node, pos = self.root, 0
+        while pos < len(seq):
+            child = node.children.get(seq[pos])
+            if child is None:
+                node.children[seq[pos]] = _Node(list(seq[pos:]))
+                return
+            m = _common(child.edge, seq, pos)
+            if m < len(child.edge):  # split: the upper part keeps the shared tokens
+                upper = _Node(child.edge[:m], {child.edge[m]: child})
+                child.edge = child.edge[m:]
+                node.children[seq[pos]] = upper
+                child = upper
+            node, pos = child, pos + m
+
+    def walk(self, query: list[int]) -> tuple[int, list[int], bool]:
+        """(D, splits, inside): D is the deepest point where `query` leaves an earlier sequence (inside it, or at a
+        split where it takes another branch; 0 if none), `splits` the depths of splits on its path up to where it
+        stops, `inside` whether it stops inside sequences that go on (False: it continues past a sequence's end)."""
+        node, pos, splits = self.root, 0, []
+        while True:
+            if len(node.children) > 1 and pos > 0:
+                splits.append(pos)
+            child = node.children.get(query[pos]) if pos < len(query) else None
+            if child is None:  # stops at a node: inside the sequences going on from it, or past an end
+                return (pos, splits, True) if node.children else (max(splits, default=0), splits, False)
+            m = _common(child.edge, query, pos)
+            if m < len(child.edge):  # stops inside an edge: the sequences below go on
+                return pos + m, splits, True
+            node, pos = child, pos + m
+
+
+def _common(edge: list[int], seq: list[int], pos: int, chunk: int = 64) -> int:
+    """Length of the common prefix of `edge` and `seq[pos:]` (whole chunks compared as slices first)."""
+    n, limit = 0, min(len(edge), len(seq) - pos)
+    while n + chunk <= limit and edge[n : n + chunk] == seq[pos + n : pos + n + chunk]:
+        n += chunk
+    while n < limit and edge[n] == seq[pos + n]:
+        n += 1
+    return n
+
+
+def _shape(d: int, depth: int, splits: list[int], inside: bool) -> str | None:
+    """The shape of a restore of d tokens by a request that leaves earlier sequences at `depth` (see walk).
+
+    A split counts when a branch of it goes on along the request past it: one the request leaves deeper, or
+    one of the split's own branches where the request stops at the split. Where the request only continues
+    sequences past the split, those are the ones it restored (at most d of theirs is cached, or it would have
+    restored more), so that branch is not in the tree and the split is none.
+    """
+    if d <= 0:
+        return None
+    real = [s for s in splits if s < depth or (inside and s == depth)]
+    if any(d < s <= depth for s in real):
+        return "split"
+    return "deeper" if depth > d else "checkpoint"
+
+
+def request_shapes(candidates: list[dict]) -> pd.DataFrame:
+    """One row per answered candidate: key, interval, concurrency, shape (None: restored nothing), sibling,
+    the depth it branches off at, and the shapes its case was designed to reach."""
+    points: dict[tuple, list[dict]] = defaultdict(list)
+    for rec in candidates:
+        if rec.get("role", "candidate") == "candidate" and rec.get("t_start") is not None:
+            points[(rec.get("pool"), rec.get("concurrency"), rec.get("replica_id"))].append(rec)
+    rows = []
+    for recs in points.values():
+        rows += _point_shapes(recs)
+    return pd.DataFrame(rows, columns=["key", "interval", "concurrency", "shape", "sibling", "branch", "designed"])
+
+
+def _point_shapes(recs: list[dict]) -> list[dict]:
+    """Shapes of one sweep point's requests on one replica, walking them in the order they were sent."""
+    ok = [r for r in recs if r.get("error") is None and r.get("e2e") is not None]
+    ends = sorted(ok, key=lambda r: r["t_start"] + r["e2e"])
+    sessions: dict[str, list[dict]] = defaultdict(list)
+    for q in ok:
+        sessions[q.get("session_id")].append(q)
+    trie, done, rows = TokenTrie(), 0, []
+    for r in sorted(ok, key=lambda r: r["t_start"]):
+        while done < len(ends) and ends[done]["t_start"] + ends[done]["e2e"] <= r["t_start"]:
+            trie.insert(_sequence(ends[done]))
+            done += 1
+        d, ids = int(r.get("cached_tokens") or 0), list(r.get("input_ids") or [])
+        depth, splits, inside = trie.walk(ids[:-1]) if len(ids) > 1 else (0, [], False)
+        own = [q for q in sessions[r.get("session_id")] if q["t_start"] < r["t_start"]]
+        sibling = d > 0 and not any(_sequence(q)[:d] == ids[:d] for q in own)
+        designed = (r.get("case") or {}).get("tree_shapes") or []
+        turn = r.get("turn")
+        rows.append({"key": r["key"], "interval": r.get("interval"), "concurrency": r.get("concurrency"),
+                     "shape": _shape(d, depth, splits, inside), "sibling": sibling, "branch": depth,
+                     "designed": list(designed[turn]) if isinstance(turn, int) and turn < len(designed) else []})
+    return rows
+
+
+def _sequence(rec: dict) -> list[int]:
+    """What a request left for the cache to hold: its input ids, then its output ids."""
+    return list(rec.get("input_ids") or []) + list(rec.get("output_ids") or [])
+
+
+def shapes_table(shapes: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """interval x shape: restored requests of that shape, how many flagged, designed, designed and reached, and
+    the requests per concurrency (`1:2 4:2`)."""
+    if shapes.empty:
+        return pd.DataFrame(columns=SHAPE_COLUMNS)
+    flagged = set(df.loc[df["class"].isin(FLAGGED), "key"]) if len(df) else set()
+    rows = []
+    for interval, mine in sorted(shapes.dropna(subset=["interval"]).groupby("interval"), key=lambda kv: kv[0]):
+        for shape in SHAPES:
+            hit = mine["sibling"] if shape == "sibling" else mine["shape"] == shape
+            designed = mine["designed"].map(lambda ds, shape=shape: shape in ds)
+            reached = mine[hit]
+            per = reached.groupby("concurrency").size()
+            rows.append({"interval": int(interval), "shape": shape, "requests": int(hit.sum()),
+                         "flagged": int(reached["key"].isin(flagged).sum()), "designed": int(designed.sum()),
+                         "designed_reached": int((designed & hit).sum()),
+                         "by_concurrency": " ".join(f"{int(c)}:{n}" for c, n in per.items())})
+    return pd.DataFrame(rows, columns=SHAPE_COLUMNS)
