@@ -8,7 +8,7 @@ sequence index `input_len + p`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import pandas as pd
@@ -235,15 +235,19 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: float = MARGIN_THRESHOLD,
-            tolerance: float = DRIFT_TOLERANCE) -> pd.DataFrame:
+            tolerance: float = DRIFT_TOLERANCE,
+            per_pool: Mapping[str, tuple[float, float]] | None = None) -> pd.DataFrame:
     """One row per candidate record (columns REQUEST_COLUMNS): class, drift, divergence, margin, attribution.
 
     `references` maps `input_hash` to the reference record; `threshold` is the soft margin, `tolerance`
-    the log-prob drift allowed.
+    the log-prob drift allowed; `per_pool` maps a pool name to its own (threshold, tolerance), for pools
+    calibrated on their own path (harness/calibrate.py), the others take `threshold` and `tolerance`.
     """
+    per_pool = per_pool or {}
     rows, crossings, seqs = [], [], []
     for cand in candidates:
-        row, xs = _row(cand, references.get(str(cand.get("input_hash"))), threshold, tolerance)
+        t, tol = per_pool.get(str(cand.get("pool")), (threshold, tolerance))
+        row, xs = _row(cand, references.get(str(cand.get("input_hash"))), t, tol)
         rows.append(row)
         crossings.append(xs)
         seqs.append((cand.get("input_ids"), cand.get("output_ids")))
