@@ -28,7 +28,17 @@ def strategy_source(info: dict) -> str | None:
     return next((k for k in STRATEGY_KEYS if info.get(k) is not None), None)
 
 
+def track_interval(info: dict) -> int | None:
+    """The mamba checkpoint interval a server runs: None when it reports none, or when it says it uses no mamba
+    radix cache (`uses_mamba_radix_cache: false`: a full-attention model such as a Llama, whose radix cache keeps
+    every token; SGLang still reports its default `mamba_track_interval` then)."""
+    if info.get("uses_mamba_radix_cache") is False or info.get("mamba_track_interval") is None:
+        return None
+    return int(info["mamba_track_interval"])
+
+
 def speculative(info: dict) -> bool:
+    """Whether the server speculates (`speculative_algorithm` set and not NONE)."""
     return str(info.get("speculative_algorithm") or "NONE").upper() not in ("NONE", "")
 
 
@@ -51,9 +61,10 @@ def streaming_mode(info: dict) -> str:
 def candidate_problem(info: dict, url: str) -> str | None:
     """Why an SGLang server cannot be a candidate (None when it can): a strategy other than extra_buffer.
 
-    A candidate without speculation or radix cache is refused later by the plan, with its own message.
+    A candidate without speculation or radix cache is refused later by the plan, with its own message; one that
+    uses no mamba radix cache (`uses_mamba_radix_cache: false`) has no strategy to check.
     """
-    if info.get("disable_radix_cache") or not speculative(info):
+    if info.get("disable_radix_cache") or not speculative(info) or info.get("uses_mamba_radix_cache") is False:
         return None
     strategy = strategy_of(info)
     if strategy in GATED_STRATEGIES:

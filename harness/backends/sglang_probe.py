@@ -19,6 +19,20 @@ from harness.backends.info import block_size_of, candidate_problem, speculative,
 from harness.backends.sglang_wire import TOP_K, check_status, generate_payload, headers, parse_answer
 
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is SGLang's older (now deprecated) name
+SECRET_KEYS = ("api_key", "admin_api_key")  # SGLang reports its server args, keys included
+REDACTED = "<redacted>"
+
+
+def redacted(info: dict, api_key: str | None) -> dict:
+    """`info` without the server's keys: SGLang's /server_info holds `api_key` and `admin_api_key`, and its
+    `launch_command` the `--api-key` value; what the run records (config.json) must not."""
+    out = {k: (REDACTED if k in SECRET_KEYS and v else v) for k, v in info.items()}
+    command = out.get("launch_command")
+    if isinstance(command, str):
+        for key in {api_key, *(info.get(k) for k in SECRET_KEYS)} - {None, ""}:
+            command = command.replace(str(key), REDACTED)
+        out["launch_command"] = command
+    return out
 
 
 async def _openai_hint(http: aiohttp.ClientSession, url: str, api_key: str | None) -> str:
@@ -59,7 +73,7 @@ async def fetch_server_info(http: aiohttp.ClientSession, url: str, api_key: str 
             raise ReplicaFailure(f"GET {url}{path} failed: {type(e).__name__}: {e}") from e
         if not isinstance(info, dict):
             raise ReplicaFailure(f"GET {url}{path} did not return a JSON object")
-        return info, path
+        return redacted(info, api_key), path
     hint = await _openai_hint(http, url, api_key)
     raise RequestError(f"endpoint {url}: neither /server_info nor /get_server_info exists ({', '.join(tried)})"
                        f"{hint}")

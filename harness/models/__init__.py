@@ -1,4 +1,4 @@
-"""Tiny models built locally for real engines (vLLM): a BPE tokenizer, a config, seeded random weights.
+"""Tiny models built locally for real engines (vLLM, SGLang): a BPE tokenizer, a config, seeded random weights.
 
 `python -m harness.models build DIR --arch {llama,qwen3_next,mamba2}` trains a
 byte-level BPE on the held-out text with `tokenizers`, writes the architecture's
@@ -6,7 +6,10 @@ config and seeded random weights (LM head scaled so greedy decoding is not
 tie-bound) with `transformers`, and a greedy fp32 continuation by transformers of
 a few held-out prompts (`reference.json`), an oracle independent of the engine.
 Nothing is downloaded. transformers is not a dependency of the project: the
-build runs `hf_build.py` under the vLLM interpreter (`make vllm`).
+build runs `hf_build.py` under an engine's interpreter, which has it (`--python`;
+default: `make vllm`'s .venv-vllm, else `make sglang`'s .venv-sglang). The model
+card (`specgate_model.json`) holds the flags each engine needs for the model:
+`vllm_args` (--engine vllm adds them) and `sglang_args` (--engine sglang).
 """
 
 from __future__ import annotations
@@ -17,4 +20,6 @@ ARCHS = {
     "qwen3_next": ("--dtype", "bfloat16"),  # vLLM's CPU Gated DeltaNet kernel requires bf16
     "mamba2": ("--dtype", "float32"),
 }
-MODEL_CARD = "specgate_model.json"  # what was built and the vLLM flags it needs
+# arch -> SGLang flags: fp32 as built (SGLang's default --dtype auto serves an fp32 checkpoint as fp16)
+SGLANG_ARGS = {arch: ("--dtype", "float32") for arch in ARCHS}
+MODEL_CARD = "specgate_model.json"  # what was built and the engines' flags it needs

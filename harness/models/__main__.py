@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness.models import ARCHS, MODEL_CARD
+from harness.models import ARCHS, MODEL_CARD, SGLANG_ARGS
+from harness.targets.sglang import VENV as SGLANG_VENV
 from harness.targets.venv import InterpreterNotFound, find_python, repo_root
-from harness.targets.vllm import VENV
+from harness.targets.vllm import VENV as VLLM_VENV
 
 HELDOUT = repo_root() / "workloads" / "data" / "heldout.txt"
 
@@ -33,7 +34,7 @@ def build(out: Path, arch: str, python: str, seed: int = 0, vocab: int = 2048, l
                            + "\n".join(proc.stderr.splitlines()[-20:]))
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     card = {**spec, **result, "seconds": round(time.monotonic() - t0, 1), "vllm_args": list(ARCHS[arch]),
-            "built_with": python}
+            "sglang_args": list(SGLANG_ARGS[arch]), "built_with": python}
     (out / MODEL_CARD).write_text(json.dumps(card, indent=1) + "\n")
     spec_path.unlink()
     return card
@@ -47,6 +48,22 @@ def _clean_env() -> dict:
     return env
 
 
+def interpreter(explicit: str | None) -> str:
+    """The interpreter that builds: `explicit` (--python / --vllm-python), else vLLM's venv, else SGLang's (either
+    has transformers); InterpreterNotFound naming both builds and the flag."""
+    if explicit:
+        return find_python(VLLM_VENV, explicit)
+    try:
+        return find_python(VLLM_VENV)
+    except InterpreterNotFound:
+        pass
+    try:
+        return find_python(SGLANG_VENV)
+    except InterpreterNotFound:
+        raise InterpreterNotFound("no interpreter with transformers: build one with `make vllm` (.venv-vllm) or "
+                                  "`make sglang` (.venv-sglang), or pass --python /path/to/venv/bin/python") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.models", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -55,20 +72,22 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--arch", required=True, choices=sorted(ARCHS))
     b.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     b.add_argument("--vocab", type=int, default=2048, help="BPE vocabulary size (default 2048)")
-    b.add_argument("--vllm-python", help="interpreter with transformers (default: .venv-vllm/bin/python, "
-                   "built by `make vllm`)")
+    b.add_argument("--python", "--vllm-python", dest="python",
+                   help="interpreter with transformers (default: .venv-vllm/bin/python from `make vllm`, else "
+                   ".venv-sglang/bin/python from `make sglang`)")
     a = p.parse_args(argv)
     if a.vocab < 300:
         p.error(f"--vocab {a.vocab}: needs >= 300 (256 bytes + merges)")
     try:
-        python = find_python(VENV, a.vllm_python)
+        python = interpreter(a.python)
         print(f"building {a.arch} into {a.dir} with {python} ...", flush=True)
         card = build(Path(a.dir), a.arch, python, a.seed, a.vocab)
     except (InterpreterNotFound, RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"harness.models: error: {e}", file=sys.stderr)
         return 2
-    print(f"built {card['arch']} ({card['params']:,} parameters) in {card['seconds']}s: {a.dir}; "
-          f"serve with vLLM flags {' '.join(card['vllm_args'])}")
+    print(f"built {card['arch']} ({card['params']:,} parameters) in {card['seconds']}s: {a.dir}; its card "
+          f"{MODEL_CARD} gives the flags --engine vllm adds ({' '.join(card['vllm_args'])}) and those --engine "
+          f"sglang adds ({' '.join(card['sglang_args'])})")
     return 0
 
 

@@ -1,8 +1,8 @@
-"""Build one tiny model with `tokenizers` + `transformers` (run under the vLLM interpreter, not imported).
+"""Build one tiny model with `tokenizers` + `transformers` (run under an engine's interpreter, not imported).
 
 A script, not a module of the harness: it needs `transformers`, which only the
-vLLM environment has (`make vllm`). `python -m harness.models build` runs it as
-`<vllm python> harness/models/hf_build.py SPEC.json` and it writes into the
+engines' environments have (`make vllm`, `make sglang`). `python -m harness.models build` runs it as
+`<engine python> harness/models/hf_build.py SPEC.json` and it writes into the
 spec's directory: tokenizer.json + tokenizer_config.json (a byte-level BPE trained
 on the held-out text), config.json, model.safetensors (seeded random weights,
 LM head scaled so greedy decoding is not tie-bound), and reference.json (a greedy
@@ -61,6 +61,16 @@ def make_config(arch: str, vocab: int):
     raise SystemExit(f"unknown arch {arch!r}")
 
 
+def with_interval(config_path: Path) -> None:
+    """Write `full_attention_interval` into a Qwen3-Next config.json (every how many layers one is full attention):
+    SGLang's Qwen3-Next reads it, and transformers 5 saves `layer_types` only."""
+    config = json.loads(config_path.read_text())
+    types = config.get("layer_types") or []
+    if "full_attention" in types and config.get("full_attention_interval") is None:
+        config["full_attention_interval"] = types.index("full_attention") + 1
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def greedy(model, prompt: list[int], n: int) -> dict:
     """Greedy continuation (transformers' generate with its cache): ids, chosen log-probs, top-1/top-2 margins."""
     import torch
@@ -96,6 +106,8 @@ def main(spec_path: str) -> None:
         model.get_output_embeddings().weight.mul_(spec["lm_head_scale"])
     model.eval()
     model.save_pretrained(out, safe_serialization=True)
+    if spec["arch"] == "qwen3_next":
+        with_interval(out / "config.json")
     # prompts of the held-out text at fixed token lengths, far apart in the text
     ids = tok.encode(text).ids
     prompts = [ids[k * len(ids) // 4: k * len(ids) // 4 + spec["prompt_len"]] for k in range(spec["prompts"])]

@@ -2,6 +2,7 @@
 
 * `builtin`: the built-in engine (`engine.serve`) under Ray, the default;
 * `vllm`: vLLM's OpenAI server under Ray, from its own venv (`--engine vllm`);
+* `sglang`: SGLang's server under Ray, from its own venv (`--engine sglang`);
 * `endpoints`: servers that already run, given by `--endpoint` / `--reference-endpoint`.
 
 `--engine KEY` picks a target the harness starts (`managed`); `--endpoint` without
@@ -18,12 +19,13 @@ from harness.backends import BACKENDS
 from harness.targets.base import CONTROLS, Need, Target
 from harness.targets.builtin import BuiltinTarget
 from harness.targets.endpoints import EndpointsTarget
+from harness.targets.sglang import SGLangTarget
 from harness.targets.vllm import VLLMTarget
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
-TARGETS: dict[str, type[Target]] = {t.key: t for t in (BuiltinTarget, VLLMTarget, EndpointsTarget)}
+TARGETS: dict[str, type[Target]] = {t.key: t for t in (BuiltinTarget, VLLMTarget, SGLangTarget, EndpointsTarget)}
 DEFAULT_ENGINE = BuiltinTarget.key
 ENGINES = tuple(k for k, t in TARGETS.items() if t.managed)  # the values of --engine
 

@@ -49,7 +49,7 @@ def build_llama(python: str, out: Path) -> dict:
     """`python -m harness.models build OUT --arch llama` with SGLang's interpreter (it has transformers); the
     model card."""
     proc = subprocess.run([sys.executable, "-m", "harness.models", "build", str(out), "--arch", "llama",
-                           "--vllm-python", python], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           "--python", python], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return json.loads((out / "specgate_model.json").read_text())
 

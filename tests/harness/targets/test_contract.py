@@ -62,7 +62,7 @@ def _launch(target, pool):
 
 
 def test_the_registry_names_every_target_by_its_key():
-    assert KEYS == ["builtin", "endpoints", "vllm"]
+    assert KEYS == ["builtin", "endpoints", "sglang", "vllm"]
     assert all(cls.key == key for key, cls in TARGETS.items())
     assert ENGINES == tuple(k for k, cls in TARGETS.items() if cls.managed) and "endpoints" not in ENGINES
     assert all(issubclass(cls, ManagedTarget) == cls.managed for cls in TARGETS.values())

@@ -36,7 +36,7 @@ def test_a_started_target_given_endpoints_refuses_them_itself(tmp_path):
 def test_each_started_target_implies_its_backend_and_an_unknown_engine_is_refused():
     assert (default_backend("builtin"), default_backend("vllm"), default_backend("endpoints")) == \
         ("sglang", "openai", None)
-    with pytest.raises(ConfigError, match=r"^--engine must be one of builtin, vllm, got 'x'"):
+    with pytest.raises(ConfigError, match=r"^--engine must be one of builtin, vllm, sglang, got 'x'"):
         RunConfig(engine="x")  # a TOML file can give any string
 
 
