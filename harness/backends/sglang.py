@@ -125,7 +125,11 @@ async def health(session: aiohttp.ClientSession, url: str, timeout: float = 5.0)
 
 async def flush_cache(session: aiohttp.ClientSession, url: str, api_key: str | None = None,
                       wait: float = 60.0) -> None:
-    """POST /flush_cache, retrying while the server answers 400 (requests still running)."""
+    """POST /flush_cache, retrying while the server answers 400 (SGLang's answer while requests still run).
+
+    Any other 4xx is raised at once as a RequestError: a 401/403 (and a 404, which a server behind a proxy
+    that checks keys may answer) with a hint about the API key; a 5xx or a lost connection is a ReplicaFailure.
+    """
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -136,6 +140,13 @@ async def flush_cache(session: aiohttp.ClientSession, url: str, api_key: str | N
                 detail = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 if resp.status >= 500:
                     raise ReplicaFailure(detail)
+                if resp.status in (401, 403, 404):
+                    key = "the run's --api-key" if api_key else "no API key"
+                    raise RequestError(f"POST {url}/flush_cache refused ({detail}); it was sent with {key}: pass "
+                                       "the server's key with --api-key (SGLang's /flush_cache takes its "
+                                       "--api-key or --admin-api-key)")
+                if resp.status != 400:
+                    raise RequestError(f"POST {url}/flush_cache refused ({detail})")
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
             raise ReplicaFailure(f"POST {url}/flush_cache failed: {e}") from e
         if time.monotonic() > deadline:

@@ -15,7 +15,7 @@ same error bodies (a schema error as `{"object": "error", "message", "type": "Ba
 `data: {"error": {"message", "type", "code", "retryable"}}` chunk), an empty 200 /health,
 /model_info, and `speculative_algorithm: null` for a server without speculation. What only
 the fake has: `fake`, `inject_fault` and `tokenizer: byte` in /server_info, spec_trace; what it
-leaves out: SGLang's other server args, `internal_states`, and the API key on /flush_cache.
+leaves out: SGLang's other server args and `internal_states`.
 
 Test-only flags: `--token-delay` (seconds per streamed token), `--rid-log FILE` (append every received rid),
 `--pid-dir DIR` (write `<role>-i<interval>-<port>.pid`: its pid, and a `.nice` file beside it: its niceness),
@@ -166,8 +166,8 @@ class FakeServer:
                                  f"specgate_cached_tokens_total {float(self.cached_total)}\n")
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        # SGLang's /flush_cache takes the API key too (admin-optional); the fake's does not, since the backend
-        # retries a 401 there as if requests were running (harness/backends/sglang.py flush_cache)
+        if not self._authorized(request):  # SGLang's /flush_cache takes the API key too (admin-optional)
+            return unauthorized()
         if self.running:
             return web.Response(status=400, text="Flush cache failed.\n")
         self.cache.clear()

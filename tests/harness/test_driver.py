@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import aiohttp
+import pytest
 
+from harness.backends import RequestError
 from harness.config import RunConfig
 from harness.driver import Driver
 from harness.progress import Progress
@@ -177,13 +179,20 @@ def test_resume_sends_nothing_twice_and_rebuilds_from_recorded_output(tmp_path):
 
 
 def test_api_key_is_sent(tmp_path):
+    """The run's key reaches every endpoint; without it the first /flush_cache (before any request) is refused at
+    once, with a hint about the key, instead of being retried as if requests were running."""
     sessions = make_sessions(1, turns=1)
     ok = with_servers(tmp_path, 1, lambda c, r: drive(tmp_path / "ok", sessions, c, r, concurrency=(1,),
                                                       api_key="k"), ("--api-key", "k"), ("--api-key", "k"))
-    bad = with_servers(tmp_path, 1, lambda c, r: drive(tmp_path / "bad", sessions, c, r, concurrency=(1,)),
-                       ("--api-key", "k"), ("--api-key", "k"))
-    assert ok.errors == 0 and bad.errors == 1
-    assert "HTTP 401" in next(r for r in read_lines(tmp_path / "bad") if r["role"] == "candidate")["error"]
+    assert ok.errors == 0 and ok.done == 1
+    with pytest.raises(RequestError) as err:
+        with_servers(tmp_path, 1, lambda c, r: drive(tmp_path / "bad", sessions, c, r, concurrency=(1,)),
+                     ("--api-key", "k"), ("--api-key", "k"))
+    assert str(err.value).startswith("POST http://127.0.0.1:")
+    assert str(err.value).endswith('/flush_cache refused (HTTP 401: {"error":"Unauthorized"}); it was sent with no '
+                                   "API key: pass the server's key with --api-key (SGLang's /flush_cache takes its "
+                                   "--api-key or --admin-api-key)")
+    assert not [r for r in read_lines(tmp_path / "bad") if r["role"] == "candidate"]  # nothing was sent
 
 
 def test_cache_counters_per_sweep_point_and_replica(tmp_path):
