@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 VENV = Venv("SGLang", "--sglang-python", "SPECGATE_SGLANG_PYTHON", (".venv-sglang/bin/python",),
             "`make sglang` (creates .venv-sglang, about 10 minutes and 3.4 GB)")
 CPU_REFUSES = ("SGLang's CPU platform refuses --speculative-algorithm DFLASH and --mamba-radix-cache-strategy "
-               "extra_buffer (shared/reference/sglang-cpu.md)")
+               "extra_buffer (docs/gate-sglang.md, section 4)")
 SUMMARY_KEYS = ("model_path", "disable_radix_cache", "speculative_algorithm", "uses_mamba_radix_cache",
                 "mamba_radix_cache_strategy", "mamba_track_interval", "version")
 
@@ -163,7 +163,10 @@ class SGLangTarget(ManagedTarget):
         cands, ref = pools(cfg.candidate_args, cfg.calibrate)
         n_sessions = len(plan.candidates[0].sessions) if plan.candidates else 0
         text = describe(cfg, python, cands, ref, n_sessions)
-        return text + (f"\nworkload: {plan.workload}" if plan.workload else "")
+        if not all(p.speculative for p in cands):
+            text += (f"\nno speculation on a candidate: {CPU_REFUSES} on CPU; the report narrows (radix-cache hits "
+                     "are gated, verify steps and speculation cells are not)")
+        return text + (f"\n{plan.workload}" if plan.workload else "")
 
     # --- servers --------------------------------------------------------------------------------------------
     def launch(self, pool: PoolPlan) -> Launch:

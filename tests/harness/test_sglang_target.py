@@ -158,3 +158,25 @@ def test_a_qwen3_next_build_writes_its_full_attention_interval(tmp_path):
     path.write_text(json.dumps({"layer_types": ["linear_attention"], "full_attention_interval": 2}))
     with_interval(path)  # one the config has is kept
     assert json.loads(path.read_text())["full_attention_interval"] == 2
+
+
+def test_models_build_takes_either_engine_s_venv(tmp_path, monkeypatch):
+    """`python -m harness.models build` needs an interpreter with transformers: --python, else vLLM's venv, else
+    SGLang's (a Llama meant for SGLang needs no vLLM)."""
+    import harness.targets.venv as venv
+    from harness.models.__main__ import interpreter
+    from harness.targets.venv import InterpreterNotFound
+    from tests.harness.fake_vllm import make_interpreter
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(venv, "repo_root", lambda: tmp_path)
+    for name in ("SPECGATE_VLLM_PYTHON", "SPECGATE_SGLANG_PYTHON"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(InterpreterNotFound, match=r"^no interpreter with transformers: build one with `make vllm` "
+                       r"\(\.venv-vllm\) or `make sglang` \(\.venv-sglang\), or pass --python"):
+        interpreter(None)
+    sglang = make_interpreter(tmp_path / ".venv-sglang" / "bin")
+    assert interpreter(None) == sglang
+    vllm = make_interpreter(tmp_path / ".venv-vllm" / "bin")
+    assert interpreter(None) == vllm
+    assert interpreter(sglang) == sglang  # --python wins
