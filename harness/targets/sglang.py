@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from harness.backends import PROBE_KEY, Backend, ReplicaFailure, RequestError
-from harness.backends.info import speculative, strategy_of, track_interval
+from harness.backends.info import GATED_STRATEGIES, speculative, strategy_of, track_interval
 from harness.backends.sglang import SGLangBackend
 from harness.errors import ConfigError, HarnessError
 from harness.plan import REFERENCE_POOL, Plan, PoolPlan
@@ -35,6 +35,7 @@ from harness.targets.base import Need, Reported, reported_settings
 from harness.targets.managed import Launch, ManagedTarget
 from harness.targets.sglang_profile import (
     BOOTSTRAP,
+    CPU_FLAGS,
     SGLangArgsError,
     check_args,
     describe,
@@ -43,6 +44,7 @@ from harness.targets.sglang_profile import (
     make_pool,
     pools,
     server_args,
+    value_of,
 )
 from harness.targets.venv import InterpreterNotFound, Venv, find_python
 from harness.targets.vllm import probe_replica
@@ -127,6 +129,12 @@ class SGLangTarget(ManagedTarget):
             check_args(cfg.candidate_args)
         except SGLangArgsError as e:
             need(False, f"--candidate-args: {e}")
+        asked = make_pool("sglang", "candidate", cfg.candidate_args)
+        cpu = value_of((*CPU_FLAGS, *cfg.candidate_args), "--device") == "cpu"
+        need(not cpu or not (asked.speculative or asked.strategy in GATED_STRATEGIES),
+             f"--candidate-args: {CPU_REFUSES}, and the servers run SGLang's CPU path (--device cpu): drop the "
+             "speculation and strategy flags (the candidate then gates the radix cache alone), or give SGLang's "
+             "GPU flags (--device cuda --attention-backend ...) on a GPU node")
 
     # --- workload -------------------------------------------------------------------------------------------
     def workload(self, infos: dict[str, dict]) -> WorkloadTarget:

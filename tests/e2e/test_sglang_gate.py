@@ -19,7 +19,7 @@ import pytest
 
 from protocol.hf_tokenizer import load_tokenizer
 from records.jsonl import load_run
-from tests.sglang_setup.server import build_llama, sglang_python
+from tests.sglang_setup.server import sglang_python, shared_llama
 from workloads import load_suite
 from workloads.schema import dumps_jsonl
 
@@ -37,11 +37,9 @@ def _transformers_continuations(python: str, model: Path, sessions, tmp_path: Pa
     return {tuple(c["input_ids"]): c for c in json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-def test_sglang_llama_with_the_radix_cache_passes_against_the_cold_reference(tmp_path):
+def test_sglang_llama_with_the_radix_cache_passes_against_the_cold_reference(tmp_path, tmp_path_factory):
     python = sglang_python()
-    model = tmp_path / "llama"
-    card = build_llama(python, model)
-    assert card["sglang_args"] == ["--dtype", "float32"] and card["architectures"] == ["LlamaForCausalLM"]
+    model = shared_llama(python, tmp_path_factory)  # built once per session, shared with the contract test
     frozen = load_suite("frozen", tokenizer=load_tokenizer(str(model)))[:SESSIONS]  # the model's own tokens
     suite = tmp_path / "suite.jsonl"
     suite.write_text(dumps_jsonl(frozen))

@@ -30,7 +30,7 @@ from harness.backends.sglang import TOP_K
 from tests.harness import server_infos
 from tests.harness.fake_server import TOP1_LOGPROB, TOP2_GAP, fake_tokens
 from tests.harness.test_external import servers as stub_servers
-from tests.sglang_setup.server import build_llama, sglang_python, sglang_servers
+from tests.sglang_setup.server import sglang_python, sglang_servers, shared_llama
 
 pytestmark = pytest.mark.slow
 CONTEXT = 4096  # the built Llama's max_position_embeddings, which SGLang takes as its context length
@@ -60,12 +60,8 @@ class Target:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory) -> Path:
-    """The tiny Llama, built once for the module with SGLang's interpreter."""
-    python = sglang_python()
-    model = tmp_path_factory.mktemp("sglang-model") / "llama"
-    card = build_llama(python, model)
-    assert card["architectures"] == ["LlamaForCausalLM"]
-    return model
+    """The tiny Llama, built once for the test session with SGLang's interpreter."""
+    return shared_llama(sglang_python(), tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,20 @@ def build_llama(python: str, out: Path) -> dict:
     return json.loads((out / "specgate_model.json").read_text())
 
 
+_BUILT: dict[str, Path] = {}  # interpreter -> the Llama built with it in this test session
+
+
+def shared_llama(python: str, tmp_path_factory) -> Path:
+    """The tiny Llama, built once per test session with `python` (tests only read it, so the SGLang gate and the
+    contract test share one build); asserts it is the Llama with SGLang's flags in its card."""
+    if python not in _BUILT:
+        out = tmp_path_factory.getbasetemp() / "sglang-llama"
+        card = build_llama(python, out)
+        assert card["architectures"] == ["LlamaForCausalLM"] and card["sglang_args"] == ["--dtype", "float32"]
+        _BUILT[python] = out
+    return _BUILT[python]
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

@@ -14,8 +14,9 @@ from tests.harness.fake_vllm import make_interpreter
 from tests.harness.helpers import REPO
 from tests.harness.targets.contract import Case
 
-SPEC = ("--speculative-algorithm DFLASH --speculative-draft-model-path /drafter --speculative-dflash-block-size 8 "
-        "--mamba-radix-cache-strategy extra_buffer")
+# what a GPU node runs (on SGLang's CPU path the target refuses DFLASH and extra_buffer before starting anything)
+SPEC = ("--device cuda --attention-backend fa3 --speculative-algorithm DFLASH --speculative-draft-model-path /drafter "
+        "--speculative-dflash-block-size 8 --mamba-radix-cache-strategy extra_buffer")
 UNKNOWN = ["spec_trace"]
 
 
@@ -72,6 +73,10 @@ def case(tmp_path) -> Case:
                  (["--candidate-args", "--port 1"], "--candidate-args: --port is set by the harness"),
                  (["--candidate-args=--disable-radix-cache"],
                   "--candidate-args: --disable-radix-cache is set by the harness; use the harness flag --calibrate"),
+                 (["--candidate-args", "--speculative-algorithm DFLASH --speculative-dflash-block-size 8"],
+                  "--candidate-args: SGLang's CPU platform refuses --speculative-algorithm DFLASH"),
+                 (["--candidate-args", "--mamba-radix-cache-strategy extra_buffer"],
+                  "--candidate-args: SGLang's CPU platform refuses"),
                  (["--endpoint", "http://h:1", "--reference-endpoint", "http://h:2"],
                   "--engine sglang starts SGLang replicas under Ray")],
     )
