@@ -9,6 +9,7 @@ port, in a process group of its own so that it and its scheduler and detokenizer
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import signal
@@ -88,14 +89,18 @@ class SGLangServer:
     `stop`."""
 
     def __init__(self, python: str, model: Path, workdir: Path, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / f"sglang-{self.port}.log"
-        self.home = workdir / f"home-{self.port}"
-        self.argv = [python, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(self.port),
-                     "--model-path", str(model), *SERVER_FLAGS, *extra]
+        self.python, self.model, self.workdir, self.extra = python, model, workdir, extra
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
+        self._on_port(free_port())
+
+    def _on_port(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = self.workdir / f"sglang-{self.port}.log"
+        self.home = self.workdir / f"home-{self.port}"
+        self.argv = [self.python, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(self.port),
+                     "--model-path", str(self.model), *SERVER_FLAGS, *self.extra]
 
     def start(self) -> None:
         """Launch the process (returns at once; `wait` waits for /health)."""
@@ -109,19 +114,27 @@ class SGLangServer:
         try:
             with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
                 return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
+            return False  # HTTPException: not HTTP on the port (another process took it before SGLang bound it)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last `lines` lines of the server's output."""
         text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def wait(self, timeout: float = STARTUP_TIMEOUT) -> None:
-        """Until /health answers 200; RuntimeError with the log tail if the server exits or takes too long."""
+    def wait(self, timeout: float = STARTUP_TIMEOUT, attempts: int = 3) -> None:
+        """Until /health answers 200; RuntimeError with the log tail if the server exits or takes too long. A port
+        taken between free_port() and SGLang's bind (by the other server's internal ports, say) is retried on
+        another port, `attempts` times in all."""
         deadline = self._t0 + timeout
         while not self.healthy():
             if self.proc.poll() is not None:
+                if attempts > 1 and "address already in use" in self.log_tail(200).lower():
+                    with contextlib.suppress(ProcessLookupError):  # its scheduler and detokenizer children
+                        os.killpg(self.proc.pid, signal.SIGKILL)
+                    self._on_port(free_port())
+                    self.start()
+                    return self.wait(timeout, attempts - 1)
                 raise RuntimeError(f"SGLang exited with {self.proc.returncode} before it was healthy "
                                    f"({' '.join(self.argv)}); the last lines of {self.log}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
@@ -129,6 +142,7 @@ class SGLangServer:
                                    f"({' '.join(self.argv)}); the last lines of {self.log}:\n{self.log_tail()}")
             time.sleep(2)
         self.startup_seconds = round(time.monotonic() - self._t0, 1)
+        return None
 
     def stop(self) -> None:
         """SIGTERM to the whole process group, SIGKILL after 30 s."""
