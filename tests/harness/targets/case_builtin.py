@@ -4,21 +4,22 @@ server_info), built here from the very config each pool's replicas are launched 
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.server.app import tokenizer_info
+from engine.server.served_model import served_model
 from harness.targets.base import Reported
-from protocol.tokenizer import BYTE_TOKENIZER_JSON
 from tests.harness.targets.contract import Case
 
 
 def agreeing(pool, launch) -> dict:
     """engine.serve's /server_info for the EngineConfig the pool's replicas are started with."""
-    return {**EngineConfig(**launch.engine_cfg).to_dict(), **tokenizer_info()}
+    cfg = EngineConfig(**launch.engine_cfg)
+    return {**cfg.to_dict(), "tokenizer": "byte", "tokenizer_path": served_model(cfg).tokenizer_dir}
 
 
 def reported(pool) -> Reported:
     e = pool.engine
+    tokenizer_dir = served_model(EngineConfig(**_launch_of_i128().engine_cfg)).tokenizer_dir
     return Reported(e.interval if e.radix_cache else 128, e.block_size, e.strategy, e.speculative, e.radix_cache,
-                    "byte", str(BYTE_TOKENIZER_JSON))  # the reference's interval: unused, the flags' first
+                    "byte", tokenizer_dir)  # the reference's interval: unused, the flags' first
 
 
 def case(tmp_path) -> Case:
