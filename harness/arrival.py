@@ -11,22 +11,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-ARRIVALS = ("constant", "poisson")
-
-
-@dataclass(frozen=True)
-class RatePoint:
-    """One open-loop sweep point: `rate` requests per second, spaced by `arrival`."""
-
-    rate: float
-    arrival: str
-
-    @property
-    def label(self) -> str:
-        """`r2` / `r0.5`: the sweep point's name in record keys (`i128-r2/<session>/<turn>`)."""
-        return f"r{self.rate:g}"
+from harness.config import ARRIVALS
 
 
 def gaps(n: int, rate: float, arrival: str, seed: int) -> list[float]:
