@@ -29,6 +29,7 @@ class Generation:
     itl: float | None
     e2e: float
     abort_message: str | None = None
+    ttst: float | None = None  # time to second token: when the stream had delivered two tokens (None: unknown)
 
 
 def candidate_key(pool: str, concurrency: int, session_id: str, turn: int) -> str:
@@ -113,6 +114,7 @@ def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, c
         "t_planned": t_start if t_planned is None else t_planned,
         "request_rate": request_rate,
         "arrival": arrival,
+        "ttst": g.ttst if g else None,
     }
 
 
