@@ -74,23 +74,37 @@ class Progress:
 
 
 class StartupProgress:
-    """Lines while replicas start: how many of how many are healthy and for how long it has waited, at most
-    one every `every` seconds and whenever the healthy count changes (on stderr, with --no-progress too)."""
+    """Lines while replicas start: how many of how many are healthy and for how long it has waited (on stderr,
+    with --no-progress too: a server can take minutes to start, and a silent console reads as a hang)."""
 
-    def __init__(self, what: str, total: int, every: float = 10.0, out=None) -> None:
-        self.what, self.total, self.every = what, total, every
+    def __init__(self, what: str, total: int, out=None) -> None:
+        self.what, self.total = what, total
         self.out = out if out is not None else sys.stderr
         self.t0 = time.monotonic()
-        self.last_t: float | None = None
-        self.last_healthy = -1
 
-    def update(self, healthy: int, now: float | None = None) -> str | None:
-        """Report `healthy` of the total; returns the line printed (None when nothing was due)."""
+    def update(self, healthy: int, now: float | None = None) -> str:
+        """Print and return the line for `healthy` of the total now."""
         now = time.monotonic() if now is None else now
-        due = self.last_t is None or now - self.last_t >= self.every or healthy != self.last_healthy
-        if not due:
-            return None
-        self.last_t, self.last_healthy = now, healthy
         line = f"{self.what}: {healthy}/{self.total} healthy, waited {now - self.t0:.0f}s"
         print(line, file=self.out, flush=True)
         return line
+
+
+def wait_all(refs: list, timeout: float, what: str = "replicas", every: float = 10.0, ray_api=None) -> list:
+    """`ray.get(refs)` that prints a StartupProgress line at the start, every `every` seconds and when all are
+    ready (GetTimeoutError after `timeout` s; a failed ref raises as soon as it is ready). `ray_api`: a module
+    with ray's `wait`/`get`/`exceptions` (tests)."""
+    if ray_api is None:
+        import ray as ray_api
+    reporter = StartupProgress(what, len(refs))
+    reporter.update(0)
+    deadline = time.monotonic() + timeout
+    pending = list(refs)
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ray_api.exceptions.GetTimeoutError(f"{what}: {len(pending)} of {len(refs)} not ready in {timeout:g}s")
+        done, pending = ray_api.wait(pending, num_returns=len(pending), timeout=min(every, left))
+        ray_api.get(done)  # a replica that failed to start raises now, not when the others are up
+        reporter.update(len(refs) - len(pending))
+    return ray_api.get(refs)
