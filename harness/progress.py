@@ -24,14 +24,17 @@ class Progress:
                         ncols=size.columns, nrows=size.lines)
 
     def _refresh(self) -> None:
+        if not self.enabled:  # tqdm formats the postfix even for a disabled bar: per request, client CPU
+            return
         self.bar.set_postfix(errors=self.errors, mismatches=self.mismatches, retries=self.retries,
                              refs=self.references, refresh=False)
 
     def candidate(self, record: dict) -> None:
         self.done += 1
         self.errors += record["error"] is not None
-        self.bar.update(1)
-        self._refresh()
+        if self.enabled:
+            self.bar.update(1)
+            self._refresh()
 
     def reference(self, record: dict) -> None:
         self.references += 1
