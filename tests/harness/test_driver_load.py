@@ -124,3 +124,43 @@ def test_resume_sends_the_references_an_earlier_process_left_unanswered(tmp_path
     assert not (tmp_path / "b" / "cand0.rids").exists() or not (tmp_path / "b" / "cand0.rids").read_text().split()
     assert len((tmp_path / "b" / "ref.rids").read_text().split()) == 7  # only the seven that were missing
     assert progress.mismatches == 0 and progress.references == 7
+
+
+def test_resumed_rate_point_equals_an_uninterrupted_one(tmp_path):
+    sessions = make_sessions(4)
+    full, part = tmp_path / "full", tmp_path / "part"
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    with_servers(tmp_path / "a", 1, lambda c, r: drive(full, sessions, c, r, concurrency=(), request_rate=(50.0,),
+                                                       arrival="poisson", warmup=2))
+    (part / "records").mkdir(parents=True)
+    cand_lines = journal_lines(full, f"candidate-{POOL}")
+    kept = [x for x in cand_lines if json.loads(x)["turn"] == 0][:3]  # stopped mid-point: 3 of 8, no references
+    (part / "records" / f"candidate-{POOL}.jsonl").write_text("".join(x + "\n" for x in kept))
+    recorded = load_run(part)
+    with_servers(tmp_path / "b", 1, lambda c, r: drive(part, sessions, c, r, concurrency=(), request_rate=(50.0,),
+                                                       arrival="poisson", warmup=2,
+                                                       existing=recorded.candidates_by_key(), existing_refs={}))
+    a, b = load_run(full), load_run(part)
+    assert not duplicate_keys(read_lines(part))
+    assert {r["key"]: r["output_ids"] for r in a.candidates} == {r["key"]: r["output_ids"] for r in b.candidates}
+    assert set(a.references) == set(b.references)
+    # nothing recorded was sent again, and the resumed point sent no second warmup
+    sent = [x.split(":", 1)[1] for x in (tmp_path / "b" / "cand0.rids").read_text().split()]
+    assert len(sent) == 5 and not {json.loads(x)["key"] for x in kept} & set(sent)
+    assert "warmup" not in {s.split("/")[0] for s in sent}
+
+
+def test_resume_does_not_run_a_finished_point_again(tmp_path):
+    sessions = make_sessions(6)
+    run_dir = tmp_path / "run"
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    with_servers(tmp_path / "a", 1, lambda c, r: drive(run_dir, sessions, c, r, concurrency=(), request_rate=(2.0,),
+                                                       duration=1.2))
+    recorded = load_run(run_dir)
+    progress = with_servers(tmp_path / "b", 1, lambda c, r: drive(
+        run_dir, sessions, c, r, concurrency=(), request_rate=(2.0,), duration=1.2,
+        existing=recorded.candidates_by_key(), existing_refs=recorded.references))
+    assert progress.points == [] and not (tmp_path / "b" / "cand0.rids").exists()
+    assert len(load_run(run_dir).candidates) == 3
