@@ -139,7 +139,7 @@ class Driver:
             await asyncio.gather(*(self.run_session(pool, point, index, session, stop, wall0,
                                                     {n: plan[(k, n)] for n in range(len(session.turns))})
                                    for k, (index, session) in enumerate(todo)))
-        counts.wall_s = time.perf_counter() - t0
+        counts.wall_s, counts.stopped = time.perf_counter() - t0, stop.reason
         after = await cache_stats.snapshot(self.http, pool)
         for rec in cache_stats.stats_records(run_id=self.run_id, pool=pool.name, concurrency=point.concurrency,
                                              before=before, after=after, t_start=wall0, t_end=time.time(),
@@ -163,9 +163,9 @@ class Driver:
             rec = self.existing.get(key)
             if rec is None and failed is None:
                 t_planned = None
-                if planned is not None:
+                if planned is not None and not stop.stop(planned[n]):  # a time bound needs no waiting
                     t_planned = wall0 + planned[n]
-                    await asyncio.sleep(max(0.0, t_planned - time.time()))
+                    await stop.sleep(t_planned - time.time())
                 if stop.stop(None if planned is None else planned[n]):
                     counts.unsent += sum(point_key(pool.name, point.label, session.session_id, m)
                                          not in self.existing for m in range(n, len(session.turns)))

@@ -8,6 +8,8 @@ of the point's answered requests that failed): what is not sent by then is left 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from dataclasses import asdict, dataclass
 
@@ -66,24 +68,45 @@ class PointCounts:
 
 
 class StopRule:
-    """When a point stops sending: past `duration` seconds from its start, or once `max_error_rate` of its
-    answered requests failed."""
+    """When a point stops sending: a request planned (open loop) or due (closed loop) `duration` seconds or more
+    after the point's start is not sent; once more than `max_error_rate` of the point's answered requests
+    failed, nothing more is sent. `reason` says which stopped it, for the point's record."""
 
     def __init__(self, duration: float | None, max_error_rate: float | None, counts: PointCounts) -> None:
         self.duration, self.max_error_rate, self.counts = duration, max_error_rate, counts
         self.t0 = time.perf_counter()
+        self.stopped = asyncio.Event()  # set by an error stop: wakes the requests that wait for their time
+        self.timed_out = False  # some request was past the duration
+        self.error_stop: str | None = None
+
+    @property
+    def reason(self) -> str | None:
+        """Why requests were left unsent (the error stop first: it cut the point short), or None."""
+        if self.error_stop:
+            return self.error_stop
+        return f"--duration {self.duration:g}s reached" if self.timed_out else None
+
+    async def sleep(self, delay: float) -> None:
+        """Sleep `delay` seconds, or until an error stop."""
+        if delay > 0 and not self.stopped.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), delay)
 
     def stop(self, planned_offset: float | None = None) -> bool:
-        """True when a request (planned `planned_offset` seconds after the start; None: now) must not be sent."""
-        c = self.counts
-        if c.stopped is None and self.duration is not None:
+        """True when a request (planned `planned_offset` seconds after the start; None: due now) must not be
+        sent."""
+        if self.duration is not None:
             at = time.perf_counter() - self.t0 if planned_offset is None else planned_offset
             if at >= self.duration:
-                c.stopped = f"--duration {self.duration:g}s reached"
+                self.timed_out = True
+                return True
+        c = self.counts
         done = c.answered + c.failed
-        if c.stopped is None and self.max_error_rate is not None and done and c.failed / done > self.max_error_rate:
-            c.stopped = f"--max-error-rate {self.max_error_rate:g}: {c.failed}/{done} failed"
-        return c.stopped is not None
+        if (self.error_stop is None and self.max_error_rate is not None and done
+                and c.failed / done > self.max_error_rate):
+            self.error_stop = f"--max-error-rate {self.max_error_rate:g}: {c.failed}/{done} failed"
+            self.stopped.set()
+        return self.error_stop is not None
 
 
 def point_record(*, run_id: str, pool: str, point: Point, counts: PointCounts, t_start: float, t_end: float,

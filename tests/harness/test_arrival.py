@@ -56,9 +56,13 @@ def test_point_counts_line_adds_up():
 def test_stop_rule_duration_by_planned_time_and_error_rate():
     c = PointCounts()
     rule = StopRule(10.0, None, c)
-    assert not rule.stop(9.99) and rule.stop(10.0) and c.stopped == "--duration 10s reached"
+    assert rule.stop(10.0) and not rule.stop(9.99)  # a later request past the bound leaves earlier ones be
+    assert rule.reason == "--duration 10s reached" and not rule.stopped.is_set()
+    assert StopRule(10.0, None, c).reason is None
     c = PointCounts(answered=3, failed=1)
     rule = StopRule(None, 0.25, c)
     assert not rule.stop()  # 1/4 failed: not more than the allowed fraction
     c.failed = 2
-    assert rule.stop() and c.stopped == "--max-error-rate 0.25: 2/5 failed"
+    assert rule.stop() and rule.reason == "--max-error-rate 0.25: 2/5 failed" and rule.stopped.is_set()
+    c.failed = 0
+    assert rule.stop()  # an error stop is for good
