@@ -36,6 +36,7 @@ def test_rate_point_sends_at_planned_times_in_turn_order_with_the_closed_loop_ou
         assert abs(r["t_planned"] - wall0 - plan[(int(sid[1:]), n)]) < 1e-6  # the seeded schedule, exactly
         assert r["t_start"] >= r["t_planned"] - 0.02  # never sent before its time (sleep granularity)
         assert r["output_ids"] == closed[(sid, n)]["output_ids"]  # the same answers as the closed loop
+        assert r["ttft"] <= r["ttst"] <= r["e2e"]  # the second token came with the first chunk or later
     for k in range(6):
         t0, t1 = rate[(f"s{k}", 0)], rate[(f"s{k}", 1)]
         assert t1["replica_id"] == t0["replica_id"]  # the session's cache lives on one replica
