@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from harness.arrival import schedule
+from harness.driver_point import Point
 from records.jsonl import load_run
 from records.reader import RunReader
 from tests.harness.helpers import duplicate_keys, expected_candidate_keys, journal_lines, make_sessions, read_lines
@@ -83,7 +84,7 @@ def test_duration_stops_a_rate_point_at_its_planned_times(tmp_path):
     p = _points(run_dir)["r2"]
     assert (p["planned"], p["sent"], p["answered"], p["unsent"]) == (12, 3, 3, 9)
     assert p["stopped"] == "--duration 1.2s reached" and p["duration"] == 1.2
-    assert progress.points[0].line(POOL, type("P", (), {"title": "x"})).endswith(
+    assert progress.points[0].line(POOL, Point(rate=2.0, arrival="constant")).endswith(
         "stopped early (--duration 1.2s reached): 9 not sent")
 
 
