@@ -52,7 +52,8 @@ def test_poisson_point_equals_the_closed_loop_point(tmp_path):
     assert (v_closed.hard, v_closed.drift, v_closed.errors) == (v_poisson.hard, v_poisson.drift, v_poisson.errors)
     configs = pd.read_csv(run_dir / "configs.csv").set_index("point")
     assert configs.loc["r4", "offered_rps"] == 4.0 and configs.loc["r4", "achieved_rps"] > 0
-    assert configs.loc["r4", "slo_attainment"] == 1.0 and configs.loc["c4", "warmup"] == 2
+    within = sum(r["ttft"] <= 60.0 for r in poisson.values()) / 74  # the SLO, from the records themselves
+    assert configs.loc["r4", "slo_attainment"] == pytest.approx(within) and configs.loc["c4", "warmup"] == 2
     assert configs.loc["r4", "ttft_p99_ms"] >= configs.loc["r4", "ttft_p50_ms"] > 0
     lines = [line for line in proc.stdout.splitlines() if line.startswith("i128 ")]
     assert lines[0].startswith("i128 c=4: 74 sent, 74 answered, 0 failed, 0 skipped")
