@@ -84,7 +84,7 @@ class StopRule:
         """Why requests were left unsent (the error stop first: it cut the point short), or None."""
         if self.error_stop:
             return self.error_stop
-        return f"--duration {self.duration:g}s reached" if self.timed_out else None
+        return f"reached --duration {self.duration:g}s" if self.timed_out else None
 
     async def sleep(self, delay: float) -> None:
         """Sleep `delay` seconds, or until an error stop."""
@@ -104,7 +104,7 @@ class StopRule:
         done = c.answered + c.failed
         if (self.error_stop is None and self.max_error_rate is not None and done
                 and c.failed / done > self.max_error_rate):
-            self.error_stop = f"--max-error-rate {self.max_error_rate:g}: {c.failed}/{done} failed"
+            self.error_stop = f"over --max-error-rate {self.max_error_rate:g}: {c.failed}/{done} failed"
             self.stopped.set()
         return self.error_stop is not None
 

@@ -46,23 +46,23 @@ def test_sweep_points_and_labels():
 
 def test_point_counts_line_adds_up():
     c = PointCounts(planned=10, sent=6, answered=5, failed=1, skipped=1, unsent=3, warmup=2,
-                    stopped="--duration 5s reached", wall_s=5.04)
+                    stopped="reached --duration 5s", wall_s=5.04)
     assert c.planned == c.sent + c.skipped + c.unsent and c.sent == c.answered + c.failed
     assert c.line("i128", Point(concurrency=4)) == (
         "i128 c=4: 6 sent, 5 answered, 1 failed, 1 skipped (an earlier turn failed) in 5.0s; warmup 2 sent "
-        "(0 failed), not gated; stopped early (--duration 5s reached): 3 not sent")
+        "(0 failed), not gated; stopped early (reached --duration 5s): 3 not sent")
 
 
 def test_stop_rule_duration_by_planned_time_and_error_rate():
     c = PointCounts()
     rule = StopRule(10.0, None, c)
     assert rule.stop(10.0) and not rule.stop(9.99)  # a later request past the bound leaves earlier ones be
-    assert rule.reason == "--duration 10s reached" and not rule.stopped.is_set()
+    assert rule.reason == "reached --duration 10s" and not rule.stopped.is_set()
     assert StopRule(10.0, None, c).reason is None
     c = PointCounts(answered=3, failed=1)
     rule = StopRule(None, 0.25, c)
     assert not rule.stop()  # 1/4 failed: not more than the allowed fraction
     c.failed = 2
-    assert rule.stop() and rule.reason == "--max-error-rate 0.25: 2/5 failed" and rule.stopped.is_set()
+    assert rule.stop() and rule.reason == "over --max-error-rate 0.25: 2/5 failed" and rule.stopped.is_set()
     c.failed = 0
     assert rule.stop()  # an error stop is for good

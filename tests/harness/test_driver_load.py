@@ -83,9 +83,9 @@ def test_duration_stops_a_rate_point_at_its_planned_times(tmp_path):
     assert sorted(r["key"] for r in cands) == [f"{POOL}-r2/s{k}/0" for k in range(3)]
     p = _points(run_dir)["r2"]
     assert (p["planned"], p["sent"], p["answered"], p["unsent"]) == (12, 3, 3, 9)
-    assert p["stopped"] == "--duration 1.2s reached" and p["duration"] == 1.2
+    assert p["stopped"] == "reached --duration 1.2s" and p["duration"] == 1.2
     assert progress.points[0].line(POOL, Point(rate=2.0, arrival="constant")).endswith(
-        "stopped early (--duration 1.2s reached): 9 not sent")
+        "stopped early (reached --duration 1.2s): 9 not sent")
 
 
 def test_max_error_rate_stops_a_point_and_counts_add_up(tmp_path):
@@ -99,7 +99,7 @@ def test_max_error_rate_stops_a_point_and_counts_add_up(tmp_path):
     (counts,) = progress.points
     assert (counts.planned, counts.sent, counts.answered, counts.failed, counts.skipped, counts.unsent) == (
         6, 1, 0, 1, 1, 4)
-    assert counts.stopped == "--max-error-rate 0.5: 1/1 failed"
+    assert counts.stopped == "over --max-error-rate 0.5: 1/1 failed"
 
 
 def test_resume_sends_the_references_an_earlier_process_left_unanswered(tmp_path):

@@ -62,11 +62,11 @@ def test_point_lines_and_summary_add_up(capsys):
     progress.point("i128", Point(concurrency=4), PointCounts(planned=6, sent=5, answered=4, failed=1, skipped=1,
                                                              wall_s=1.0))
     progress.point("i128", Point(rate=2.0, arrival="poisson"),
-                   PointCounts(planned=6, sent=2, answered=2, unsent=4, warmup=3, stopped="--duration 1s reached"))
+                   PointCounts(planned=6, sent=2, answered=2, unsent=4, warmup=3, stopped="reached --duration 1s"))
     out = capsys.readouterr().out.splitlines()
     assert out == ["i128 c=4: 5 sent, 4 answered, 1 failed, 1 skipped (an earlier turn failed) in 1.0s",
                    "i128 rate=2/s poisson: 2 sent, 2 answered, 0 failed, 0 skipped (an earlier turn failed) in 0.0s; "
-                   "warmup 3 sent (0 failed), not gated; stopped early (--duration 1s reached): 4 not sent"]
+                   "warmup 3 sent (0 failed), not gated; stopped early (reached --duration 1s): 4 not sent"]
     assert progress.summary() == (
         "candidates: 2 recorded; this process sent 7 (6 answered, 1 failed), skipped 1 (an earlier turn failed), "
         "left 4 unsent (points stopped early); 3 warmup requests (not gated); 0 mismatches (output ids differ "

@@ -66,7 +66,7 @@ def _configs():
     refs = {r["input_hash"]: r for r in (reference(x["input_ids"], x["output_ids"]) for x in recs)}
     stats = [{"key": "stats/i256-r2/i256-r0", "pool": "i256", "concurrency": None,
               "counters": {"cache_hit_tokens": 7, "checkpoint_evictions": 0, "kv_evicted_pages": 0}}]
-    points = [{"pool": "i256", "point": "r4", "warmup": 2, "unsent": 3, "stopped": "--duration 5s reached"}]
+    points = [{"pool": "i256", "point": "r4", "warmup": 2, "unsent": 3, "stopped": "reached --duration 5s"}]
     return configs_table(analyze(recs, refs), stats, recs, points, parse_slo("ttft_ms=150"))
 
 
@@ -78,7 +78,7 @@ def test_configs_have_one_row_per_sweep_point():
     assert list(c["cache_hit_tokens"]) == ["unknown", 7, "unknown"]
     assert list(c["slo_attainment"]) == [1.0, 1.0, 0.0]
     r4 = c.iloc[2]
-    assert (r4["warmup"], r4["unsent"], r4["stopped"]) == (2, 3, "--duration 5s reached")
+    assert (r4["warmup"], r4["unsent"], r4["stopped"]) == (2, 3, "reached --duration 5s")
 
 
 def test_latency_section_escapes_and_shades_a_point_that_did_not_keep_up(tmp_path):
