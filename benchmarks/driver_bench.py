@@ -4,11 +4,14 @@ The server streams canned SGLang answers (cumulative snapshots with logprobs and
 top-2) without any model. By default it runs in a child process, so that
 `time.process_time()` counts only the driver; `--in-process` serves from the
 driver's own event loop (then the CPU figure includes the server).
-The same requests are then sent by a bare aiohttp loop (POST, read and JSON-decode every stream
-chunk and the reference answer, nothing recorded) against the same server, and the driver's CPU
-per request is printed as a ratio of that floor.
+The same requests are then sent by a bare aiohttp loop against the same server, as lean as the
+driver's reader: POST, read the stream's bytes as they come, JSON-decode only the chunks that the
+driver decodes too (up to the second token, for TTFT and time to second token, and the last one, the
+answer) and the reference answer, nothing recorded. The driver's CPU per request is printed as a
+ratio of that floor, for a closed-loop sweep point (`--concurrency`) and an open-loop one
+(`--request-rate`, Poisson arrivals; the bare loop sends at the same planned times).
 
-    python benchmarks/driver_bench.py --requests 2000 --concurrency 16
+    python benchmarks/driver_bench.py --requests 2000 --concurrency 16 --request-rate 400
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from harness.arrival import schedule
 from harness.config import RunConfig
 from harness.driver import Driver
 from harness.pools import Pool, Replica
@@ -88,7 +92,9 @@ def sessions(requests: int, prompt_len: int, max_new: int) -> list[Session]:
     return out
 
 
-async def bench(url: str | None, args: argparse.Namespace) -> tuple[int, float, float]:
+async def bench(url: str | None, args: argparse.Namespace, rate: float | None = None) -> tuple[int, float, float]:
+    """The driver over the bench sessions: one closed-loop point (`args.concurrency`), or one open-loop point at
+    `rate` requests per second; returns (candidate requests, wall s, client CPU s)."""
     runner = None
     if url is None:  # serve from this loop
         runner = web.AppRunner(make_app(), access_log=None)
@@ -104,9 +110,10 @@ async def bench(url: str | None, args: argparse.Namespace) -> tuple[int, float, 
         files = RecordFiles(Path(tmp), set())
         progress = Progress(0, 0, enabled=False)
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-            driver = Driver(run_id="bench", concurrency=(args.concurrency,), candidates=[cand], reference=ref,
-                            files=files, http=http, progress=progress,
-                            reference_concurrency=args.concurrency)
+            driver = Driver(run_id="bench", concurrency=() if rate else (args.concurrency,), candidates=[cand],
+                            reference=ref, files=files, http=http, progress=progress,
+                            reference_concurrency=args.concurrency, request_rate=(rate,) if rate else (),
+                            arrival="poisson", seed=0)
             driver.progress.write = lambda line: None
             cpu0, t0 = time.process_time(), time.perf_counter()
             await driver.run({"i256": tuple(work)})
@@ -117,8 +124,22 @@ async def bench(url: str | None, args: argparse.Namespace) -> tuple[int, float, 
     return progress.done, wall, cpu
 
 
-async def bare(url: str | None, args: argparse.Namespace) -> tuple[int, float, float]:
-    """The floor: the same candidate (streamed) and reference (one body) requests from a bare aiohttp loop."""
+async def read_lean(resp: aiohttp.ClientResponse) -> dict:
+    """A stream read as the driver's reader does: bytes as they come, only the first chunks (until one holds
+    two tokens: the canned stream's second) and the last one JSON-decoded."""
+    buf, pos, decoded = bytearray(), 0, 0
+    async for data in resp.content.iter_any():
+        buf += data
+        while decoded < 2 and (end := buf.find(b"\n\n", pos)) >= 0:
+            json.loads(buf[pos + 6:end])
+            pos, decoded = end + 2, decoded + 1
+    events = bytes(buf).rstrip().split(b"\n\n")
+    return json.loads(events[-2 if events[-1] == b"data: [DONE]" else -1][6:])
+
+
+async def bare(url: str | None, args: argparse.Namespace, rate: float | None = None) -> tuple[int, float, float]:
+    """The floor: the same candidate (streamed) and reference (one body) requests from a bare aiohttp loop,
+    `args.concurrency` in flight, or at `rate` per second at the driver's planned times (turn 1 after turn 0)."""
     runner = None
     if url is None:
         runner = web.AppRunner(make_app(), access_log=None)
@@ -126,29 +147,36 @@ async def bare(url: str | None, args: argparse.Namespace) -> tuple[int, float, f
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    work = [(t.input_ids or s.turns[0].input_ids + t.suffix_ids) for s in
-            sessions(args.requests, args.prompt_len, args.max_new_tokens) for t in s.turns][: args.requests]
-    todo = iter(work)
+    work = sessions(args.requests, args.prompt_len, args.max_new_tokens)
 
-    async def worker(http: aiohttp.ClientSession) -> int:
+    async def send(http: aiohttp.ClientSession, ids) -> None:
+        for stream in (True, False):
+            body = {"input_ids": list(ids), "stream": stream,
+                    "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}
+            async with http.post(url + "/generate", json=body) as resp:
+                await (read_lean(resp) if stream else resp.json())
+
+    async def session(http: aiohttp.ClientSession, k: int, s: Session, t0: float, plan: dict) -> int:
         n = 0
-        for ids in todo:
-            for stream in (True, False):
-                body = {"input_ids": list(ids), "stream": stream,
-                        "sampling_params": {"max_new_tokens": args.max_new_tokens, "temperature": 0}}
-                async with http.post(url + "/generate", json=body) as resp:
-                    if stream:
-                        async for line in resp.content:
-                            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
-                                json.loads(line[6:])
-                    else:
-                        await resp.json()
+        for turn, t in enumerate(s.turns):
+            if plan:
+                await asyncio.sleep(max(0.0, t0 + plan[(k, turn)] - time.perf_counter()))
+            await send(http, t.input_ids or s.turns[0].input_ids + t.suffix_ids)
             n += 1
         return n
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         cpu0, t0 = time.process_time(), time.perf_counter()
-        n = sum(await asyncio.gather(*(worker(http) for _ in range(args.concurrency))))
+        if rate:
+            plan = schedule([len(s.turns) for s in work], rate, "poisson", 0)
+            n = sum(await asyncio.gather(*(session(http, k, s, t0, plan) for k, s in enumerate(work))))
+        else:
+            todo = iter(enumerate(work))
+
+            async def worker() -> int:
+                return sum([await session(http, k, s, t0, {}) for k, s in todo])
+
+            n = sum(await asyncio.gather(*(worker() for _ in range(args.concurrency))))
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if runner is not None:
         await runner.cleanup()
@@ -162,6 +190,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--in-process", action="store_true", help="serve from the driver's process")
+    p.add_argument("--request-rate", type=float, default=400.0,
+                   help="the open-loop point's requests per second (Poisson; 0: skip the rate mode)")
     args = p.parse_args()
     proc = None
     url = None
@@ -182,19 +212,22 @@ def main() -> None:
                     raise SystemExit("benchmark server did not start") from None
                 time.sleep(0.05)
     try:
-        n, wall, cpu = asyncio.run(bench(url, args))
-        bn, bwall, bcpu = asyncio.run(bare(url, args))
+        modes = [("closed loop", None)] + ([("open loop", args.request_rate)] if args.request_rate else [])
+        figures = [(name, rate, asyncio.run(bench(url, args, rate)), asyncio.run(bare(url, args, rate)))
+                   for name, rate in modes]
     finally:
         if proc is not None:
             proc.terminate()
     where = "in-process server (CPU includes it)" if args.in_process else "server in a child process"
-    print(f"driver: {n} candidate requests (+ {n} reference), {args.max_new_tokens} streamed tokens each, "
-          f"concurrency {args.concurrency}, {where}")
-    print(f"requests/s: {n / wall:.0f} candidate ({2 * n / wall:.0f} HTTP requests/s)")
-    print(f"client CPU: {1000 * cpu / n:.2f} ms per candidate request (incl. its reference and records); "
-          f"wall {wall:.2f}s, CPU {cpu:.2f}s")
-    print(f"bare aiohttp loop, same requests and server: {1000 * bcpu / bn:.2f} ms per candidate request "
-          f"(wall {bwall:.2f}s); driver / bare = {(cpu / n) / (bcpu / bn):.2f}x")
+    for name, rate, (n, wall, cpu), (bn, bwall, bcpu) in figures:
+        shape = f"concurrency {args.concurrency}" if rate is None else f"{rate:g} requests/s, poisson"
+        print(f"{name}: {n} candidate requests (+ {n} reference), {args.max_new_tokens} streamed tokens each, "
+              f"{shape}, {where}")
+        print(f"  requests/s: {n / wall:.0f} candidate ({2 * n / wall:.0f} HTTP requests/s)")
+        print(f"  client CPU: {1000 * cpu / n:.2f} ms per candidate request (incl. its reference and records); "
+              f"wall {wall:.2f}s, CPU {cpu:.2f}s")
+        print(f"  bare aiohttp loop, same requests and server: {1000 * bcpu / bn:.2f} ms per candidate request "
+              f"(wall {bwall:.2f}s); driver / bare = {(cpu / n) / (bcpu / bn):.2f}x")
 
 
 if __name__ == "__main__":

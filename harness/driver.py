@@ -1,11 +1,12 @@
-"""The workload driver: concurrency sweeps over candidate pools, checked against the reference pool.
+"""The workload driver: sweeps over candidate pools, checked against the reference pool.
 
-For each candidate pool and each concurrency level C (a sweep point): flush the
-pool's caches, then run every session of the pool with C sessions (so at most C
-requests) in flight. All turns of a session go to one replica (its cache lives
-there) and turn n+1 is built from turn n's candidate output. Every candidate
-input is also sent once to the reference pool; identical inputs share one
-reference request for the whole run. Records are written as answers arrive.
+For each candidate pool and each sweep point (harness/driver_point.py): flush the pool's caches, send the
+point's warmup (recorded apart, not gated) and flush again, then run every session of the pool: with C
+sessions (so at most C requests) in flight at a concurrency point, or each request at its planned time
+(harness/arrival.py) at a request-rate point. All turns of a session go to one replica (its cache lives
+there) in order, and turn n+1 is built from turn n's candidate output. Every candidate input is also sent
+once to the reference pool; identical inputs share one reference request for the whole run (a resume sends
+the ones an earlier process left unanswered). Records are written as answers arrive.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from functools import partial
 import aiohttp
 
 from harness import cache_stats
+from harness.arrival import schedule
 from harness.backends import ReplicaFailure, RequestError
+from harness.driver_point import Point, PointCounts, StopRule, point_record, sweep
+from harness.driver_warmup import recorded_keys, run_warmup
 from harness.pools import HarnessError, Pool, Replica
 from harness.progress import Progress
 from records.jsonl import RecordFiles
 from records.rundir import REFERENCE_FILE, candidate_file, input_hash
-from records.schema import STATS_FILE, Generation, build_record, candidate_key, reference_key
+from records.schema import POINTS_FILE, STATS_FILE, Generation, build_record, point_key, point_record_key, reference_key
 
 
 def differs(candidate: dict, reference: dict) -> bool:
@@ -41,9 +45,11 @@ class Driver:
                  existing: dict[str, dict] | None = None, existing_refs: dict[str, dict] | None = None,
                  request_timeout: float = 600.0, max_retries: int = 3, reference_concurrency: int = 8,
                  sequential_pools: bool = False, api_key: str | None = None,
-                 tokenizers: dict[str, str] | None = None, decode: Callable[[list[int]], str] | None = None
-                 ) -> None:
-        self.run_id, self.concurrency = run_id, concurrency
+                 tokenizers: dict[str, str] | None = None, decode: Callable[[list[int]], str] | None = None,
+                 request_rate: tuple[float, ...] = (), arrival: str = "constant", seed: int = 0, warmup: int = 0,
+                 duration: float | None = None, max_error_rate: float | None = None) -> None:
+        self.run_id, self.points = run_id, sweep(concurrency, request_rate, arrival)
+        self.seed, self.warmup, self.duration, self.max_error_rate = seed, warmup, duration, max_error_rate
         self.candidates, self.reference = candidates, reference
         self.files, self.http, self.progress = files, http, progress
         self.existing = dict(existing or {})
@@ -57,6 +63,7 @@ class Driver:
         self.sent: dict[str, int] = {}  # pool -> candidate requests sent by this process
         self.failed: dict[str, int] = {}  # pool -> candidate records with an error
         self.served: dict[str, tuple[str, int]] = {}  # candidate key -> (replica id, incarnation) that answered
+        self.counts: dict[tuple[str, str], PointCounts] = {}  # (pool, point label) -> this process's counts
 
     async def run(self, sessions: dict[str, tuple]) -> None:
         """Every sweep point of every pool; returns when all candidate and reference records are written."""
@@ -66,14 +73,21 @@ class Driver:
             fut = loop.create_future()
             fut.set_result(rec)
             self.ref_futures[h] = fut
+        self.done_keys = recorded_keys(self.files.dir.parent)  # point and warmup records of earlier processes
+        by_id = {(name, s.session_id): s for name, group in sessions.items() for s in group}
         for rec in self.existing.values():
             ref = self.existing_refs.get(rec["input_hash"])
             if ref is not None and differs(rec, ref):
                 self.progress.mismatch()
+            elif ref is None and rec["error"] is None and (rec["pool"], rec["session_id"]) in by_id:
+                # an earlier process recorded the candidate and stopped before its reference answered: send it
+                fut = self.reference_for(rec["input_ids"], rec["input_hash"], rec["max_new_tokens"],
+                                         by_id[(rec["pool"], rec["session_id"])], rec["turn"])
+                fut.add_done_callback(partial(self._compare, rec))
 
         async def run_pool(pool: Pool) -> None:
-            for c in self.concurrency:
-                await self.sweep_point(pool, c, sessions[pool.name])
+            for point in self.points:
+                await self.sweep_point(pool, point, sessions[pool.name])
 
         async def run_pools() -> None:
             if self.sequential_pools:
@@ -93,55 +107,86 @@ class Driver:
             raise self.fatal.exception()
         await work
 
-    async def sweep_point(self, pool: Pool, concurrency: int, sessions: tuple) -> None:
-        """Flush the pool's caches, then run its unfinished sessions with `concurrency` in flight."""
+    async def sweep_point(self, pool: Pool, point: Point, sessions: tuple) -> None:
+        """Flush the pool's caches, send the warmup, then run the point's unfinished sessions in its shape."""
         todo = [(i, s) for i, s in enumerate(sessions)
-                if any(candidate_key(pool.name, concurrency, s.session_id, n) not in self.existing
+                if any(point_key(pool.name, point.label, s.session_id, n) not in self.existing
                        for n in range(len(s.turns)))]
-        if not todo:
+        if not todo or point_record_key(pool.name, point.label) in self.done_keys:
             return
+        counts = self.counts[(pool.name, point.label)] = PointCounts()
+        counts.planned = sum(point_key(pool.name, point.label, s.session_id, n) not in self.existing
+                             for _, s in todo for n in range(len(s.turns)))
         await pool.flush(self.http)
+        # a resumed point's warmup was sent by the process that started it
+        resumed = any(k.startswith(f"{pool.name}-{point.label}/") for k in self.existing)
+        if self.warmup and not resumed:
+            await run_warmup(self, pool, point, sessions, counts)
+            await pool.flush(self.http)  # the gated requests start as cold as they would without a warmup
         before, wall0 = await cache_stats.snapshot(self.http, pool), time.time()
-        partial = any(k.startswith(f"{pool.name}-c{concurrency}/") for k in self.existing)  # a resumed point
         t0 = time.perf_counter()
-        sent0, errors0 = self.sent.get(pool.name, 0), self.failed.get(pool.name, 0)
-        queue: Iterator = iter(todo)
+        stop = StopRule(self.duration, self.max_error_rate, counts)
+        if point.rate is None:
+            queue: Iterator = iter(todo)
 
-        async def worker() -> None:
-            for index, session in queue:
-                await self.run_session(pool, concurrency, index, session)
+            async def worker() -> None:
+                for index, session in queue:
+                    await self.run_session(pool, point, index, session, stop)
 
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(todo)))))
+            await asyncio.gather(*(worker() for _ in range(min(point.concurrency, len(todo)))))
+        else:
+            plan = schedule([len(s.turns) for _, s in todo], point.rate, point.arrival, self.seed)
+            await asyncio.gather(*(self.run_session(pool, point, index, session, stop, wall0,
+                                                    {n: plan[(k, n)] for n in range(len(session.turns))})
+                                   for k, (index, session) in enumerate(todo)))
+        counts.wall_s, counts.stopped = time.perf_counter() - t0, stop.reason
         after = await cache_stats.snapshot(self.http, pool)
-        for rec in cache_stats.stats_records(run_id=self.run_id, pool=pool.name, concurrency=concurrency,
+        for rec in cache_stats.stats_records(run_id=self.run_id, pool=pool.name, concurrency=point.concurrency,
                                              before=before, after=after, t_start=wall0, t_end=time.time(),
-                                             partial=partial):
+                                             partial=resumed):
+            rec.update(key=f"stats/{pool.name}-{point.label}/{rec['replica_id']}", request_rate=point.rate)
             self.files.write(STATS_FILE, rec)
-        self.progress.write(f"{pool.name} c={concurrency}: {self.sent.get(pool.name, 0) - sent0} requests in "
-                            f"{time.perf_counter() - t0:.1f}s, {self.failed.get(pool.name, 0) - errors0} errors")
+        self.files.write(POINTS_FILE, point_record(
+            run_id=self.run_id, pool=pool.name, point=point, counts=counts, t_start=wall0, t_end=time.time(),
+            warmup=self.warmup, duration=self.duration, max_error_rate=self.max_error_rate))
+        self.progress.point(pool.name, point, counts)
 
-    async def run_session(self, pool: Pool, concurrency: int, index: int, session) -> None:
-        """All turns of one session, in order, on the session's replica; skips turns already recorded."""
+    async def run_session(self, pool: Pool, point: Point, index: int, session, stop: StopRule,
+                          wall0: float = 0.0, planned: dict[int, float] | None = None) -> None:
+        """All turns of one session, in order, on the session's replica; skips turns already recorded. With
+        `planned` (open loop: turn -> seconds after the point's start at `wall0`), a turn waits for its time."""
         prev_input = prev_output = None
         failed: int | None = None
+        counts = stop.counts
         for n, turn in enumerate(session.turns):
-            key = candidate_key(pool.name, concurrency, session.session_id, n)
+            key = point_key(pool.name, point.label, session.session_id, n)
             rec = self.existing.get(key)
-            if rec is None:
-                if failed is None:
-                    ids = session.turn_input(n, prev_input, prev_output)
-                    prev = candidate_key(pool.name, concurrency, session.session_id, n - 1) if n else None
-                    rec = await self.candidate(pool, concurrency, index, session, n, ids, key, prev)
-                else:
-                    rec = self._record(pool, None, concurrency, session, n, [], turn.max_new_tokens, None,
-                                       time.time(), 0, f"not run: turn {failed} of the session failed", key)
-                    self._write_candidate(pool, rec)
+            if rec is None and failed is None:
+                t_planned = None
+                if planned is not None and not stop.stop(planned[n]):  # a time bound needs no waiting
+                    t_planned = wall0 + planned[n]
+                    await stop.sleep(t_planned - time.time())
+                if stop.stop(None if planned is None else planned[n]):
+                    counts.unsent += sum(point_key(pool.name, point.label, session.session_id, m)
+                                         not in self.existing for m in range(n, len(session.turns)))
+                    return
+                ids = session.turn_input(n, prev_input, prev_output)
+                prev = point_key(pool.name, point.label, session.session_id, n - 1) if n else None
+                rec = await self.candidate(pool, point, index, session, n, ids, key, prev, t_planned)
+                counts.sent += 1
+                counts.failed += rec["error"] is not None
+                counts.answered += rec["error"] is None
+            elif rec is None:
+                rec = self._record(pool, None, point, session, n, [], turn.max_new_tokens, None, time.time(), 0,
+                                   f"not run: turn {failed} of the session failed", key)
+                self._write_candidate(pool, rec)
+                counts.skipped += 1
             if rec["error"] is not None and failed is None:
                 failed = n
             prev_input, prev_output = rec["input_ids"], rec["output_ids"]
 
-    async def candidate(self, pool: Pool, concurrency: int, index: int, session, turn: int, ids: list[int],
-                        key: str, prev_key: str | None = None) -> dict:
+    async def candidate(self, pool: Pool, point: Point, index: int, session, turn: int, ids: list[int],
+                        key: str, prev_key: str | None = None, t_planned: float | None = None) -> dict:
         """Send one candidate request (and start its reference), record the answer."""
         h = input_hash(ids)
         max_new = session.turns[turn].max_new_tokens
@@ -150,8 +195,8 @@ class Driver:
         t_start = time.time()
         self.sent[pool.name] = self.sent.get(pool.name, 0) + 1
         replica, gen, retries, error = await self.send(pool, index, payload, key)
-        rec = self._record(pool, replica, concurrency, session, turn, ids, max_new, gen, t_start, retries, error,
-                           key, h)
+        rec = self._record(pool, replica, point, session, turn, ids, max_new, gen, t_start, retries, error,
+                           key, h, t_planned)
         if replica is not None:
             self.served[key] = (replica.replica_id, replica.incarnation)
             rec["cache_lost"] = self._cache_lost(prev_key, self.served[key])
@@ -236,9 +281,9 @@ class Driver:
                 return replica, None, retries, str(e)
             return replica, gen, retries, f"abort: {gen.abort_message}" if gen.abort_message else None
 
-    def _record(self, pool: Pool, replica: Replica | None, concurrency: int | None, session, turn: int,
+    def _record(self, pool: Pool, replica: Replica | None, point: Point | None, session, turn: int,
                 ids: list[int], max_new: int, gen, t_start: float, retries: int, error: str | None, key: str,
-                h: str | None = None) -> dict:
+                h: str | None = None, t_planned: float | None = None) -> dict:
         if gen is not None and not gen.output_text and gen.output_ids and self.decode is not None:
             try:
                 gen = dataclasses.replace(gen, output_text=self.decode(gen.output_ids))
@@ -246,7 +291,8 @@ class Driver:
                 pass
         return build_record(
             run_id=self.run_id, key=key, role=pool.role, pool=pool.name, engine=pool.engine_record(replica),
-            concurrency=concurrency, replica_id=replica.replica_id if replica else "",
+            concurrency=point.concurrency if point else None, replica_id=replica.replica_id if replica else "",
             node_id=replica.node_id if replica else None, session=session, turn=turn, input_ids=ids,
             input_hash=h or input_hash(ids), max_new_tokens=max_new, gen=gen, t_start=t_start, retries=retries,
-            error=error, tokenizer=self.tokenizers.get(pool.name, "byte"))
+            error=error, tokenizer=self.tokenizers.get(pool.name, "byte"), t_planned=t_planned,
+            request_rate=point.rate if point else None, arrival=point.arrival if point else None)

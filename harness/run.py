@@ -112,7 +112,9 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
                         request_timeout=cfg.request_timeout, max_retries=cfg.max_retries,
                         reference_concurrency=cfg.reference_concurrency, sequential_pools=cfg.sequential_pools,
                         api_key=cfg.api_key, tokenizers={p.name: tokenizer for p in (*cands, ref)},
-                        decode=plan.tokenizer.decode if plan.tokenizer is not None else None)
+                        decode=plan.tokenizer.decode if plan.tokenizer is not None else None,
+                        request_rate=cfg.request_rate, arrival=cfg.arrival, seed=cfg.seed, warmup=cfg.warmup,
+                        duration=cfg.duration, max_error_rate=cfg.max_error_rate)
         before = await snapshot(http, [*cands, ref])
         try:
             await driver.run(sessions)
@@ -211,8 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         print(f"specgate: error: the harness failed; records so far are in {run_dir}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
-    print(f"candidates: {progress.done} recorded, {progress.errors} errors, {progress.mismatches} mismatches "
-          f"(output ids differ from the reference), {progress.retries} retries")
+    print(progress.summary())
     if progress.done == 0:
         print("specgate: error: no candidate records", file=sys.stderr)
         return EXIT_HARNESS_FAILED

@@ -29,11 +29,25 @@ class Generation:
     itl: float | None
     e2e: float
     abort_message: str | None = None
+    ttst: float | None = None  # time to second token: when the stream had delivered two tokens (None: unknown)
 
 
 def candidate_key(pool: str, concurrency: int, session_id: str, turn: int) -> str:
-    """`i128-c4/<session_id>/<turn>`: unique per candidate request of a run."""
-    return f"{pool}-c{concurrency}/{session_id}/{turn}"
+    """`i128-c4/<session_id>/<turn>`: unique per candidate request of a run (a closed-loop sweep point)."""
+    return point_key(pool, f"c{concurrency}", session_id, turn)
+
+
+def point_key(pool: str, point: str, session_id: str, turn: int) -> str:
+    """`i128-<point>/<session_id>/<turn>`, `point` the sweep point's label: `c4` (closed loop, 4 in flight) or
+    `r2.5` (open loop, 2.5 requests per second)."""
+    return f"{pool}-{point}/{session_id}/{turn}"
+
+
+def point_label(record: dict) -> str | None:
+    """The sweep point label (`c4`, `r2.5`) of a candidate or warmup record, from its key."""
+    key, pool = str(record.get("key") or ""), str(record.get("pool") or "")
+    head = key.split("/", 2)[1 if key.startswith("warmup/") else 0] if "/" in key else ""
+    return head[len(pool) + 1:] if head.startswith(pool + "-") else None
 
 
 def reference_key(input_hash: str) -> str:
@@ -48,11 +62,15 @@ def case_meta(session) -> dict:
 def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, concurrency: int | None,
                  replica_id: str | None, node_id: str | None, session, turn: int, input_ids: list[int],
                  input_hash: str, max_new_tokens: int, gen: Generation | None, t_start: float, retries: int,
-                 error: str | None, tokenizer: str, cache_lost: str | None = None) -> dict:
+                 error: str | None, tokenizer: str, cache_lost: str | None = None, t_planned: float | None = None,
+                 request_rate: float | None = None, arrival: str | None = None) -> dict:
     """One JSON-ready record; output fields are empty when `gen` is None (the request failed).
 
     `cache_lost`: why a later turn of a session could not find the cache its previous turn left on its replica
     ("resume", "replica restart", "fail-over"), so its prefix-cache restore path was not exercised; else None.
+    `t_planned`: when the request was planned to be sent (wall time; `t_start` is when it was sent: later when
+    its previous turn or the server was late); `request_rate`, `arrival`: the open-loop sweep point's shape
+    (None for a closed-loop point, which has `concurrency`).
     """
     g = gen
     return {
@@ -93,6 +111,10 @@ def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, c
         "error": error,
         "tokenizer": tokenizer,
         "cache_lost": cache_lost,
+        "t_planned": t_start if t_planned is None else t_planned,
+        "request_rate": request_rate,
+        "arrival": arrival,
+        "ttst": g.ttst if g else None,
     }
 
 
@@ -138,3 +160,19 @@ def build_stats_record(*, run_id: str, pool: str, concurrency: int, replica_id: 
         "t_end": t_end,
         "partial": partial,
     }
+
+
+# One record per finished sweep point (role "point"): what it planned, sent, answered, failed and skipped,
+# its warmup and why it stopped early (docs/load.md); warmup requests (role "warmup") are kept apart, not gated.
+POINTS_FILE = "points.jsonl"
+WARMUP_FILE = "warmup.jsonl"
+
+
+def point_record_key(pool: str, point: str) -> str:
+    """`point/i128-c4`: one point record per pool and sweep point."""
+    return f"point/{pool}-{point}"
+
+
+def warmup_key(pool: str, point: str, index: int) -> str:
+    """`warmup/i128-c4/<n>`: the n-th warmup request of a sweep point."""
+    return f"warmup/{pool}-{point}/{index}"

@@ -13,6 +13,7 @@ from reports.plot_style import empty as _empty
 from reports.plot_style import figure as _figure
 from reports.plot_style import intervals_of as _intervals
 from reports.plot_style import save as _save
+from reports.plots_latency import latency_vs_load
 from reports.plots_oracle import boundary_coverage, drift_floor
 
 PLOT_FILES = {
@@ -23,6 +24,7 @@ PLOT_FILES = {
     "coverage": "boundary_coverage.png",
     "accept_length": "accept_length.png",
     "performance": "throughput_latency.png",
+    "latency_load": "latency_vs_load.png",
 }
 
 
@@ -234,4 +236,5 @@ def write_plots(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFram
         "coverage": boundary_coverage(coverage, out / PLOT_FILES["coverage"]),
         "accept_length": accept_length(df, out / PLOT_FILES["accept_length"]),
         "performance": throughput_latency(configs, out / PLOT_FILES["performance"]),
+        "latency_load": latency_vs_load(configs, out / PLOT_FILES["latency_load"]),
     }

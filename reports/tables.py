@@ -5,16 +5,20 @@ Column meanings are documented in docs/reports.md.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from protocol.boundaries import nearest_boundary_offset
-from records.schema import CACHE_COUNTERS
+from records.reader import RunReader
+from records.rundir import load_config
+from records.schema import CACHE_COUNTERS, POINTS_FILE, point_label
 from reports.analyze import REQUEST_COLUMNS, crossings_json
 from reports.coverage import cells, cells_reached, coverage_table
 from reports.escape import csv_cell
+from reports.latency import LATENCY_COLUMNS, empty_latency, latency_by_point, parse_slo
 from reports.oracle import CLASSES, FLAGGED
 from reports.tree_shapes import SHAPE_COLUMNS, request_shapes, shapes_table
 
@@ -26,11 +30,10 @@ BOUNDARY_COLUMNS = ["interval", "boundary_kind", "offset", "commit_len", "reques
                     "hard_rate", "drift_rate", "soft_rate", "untracked", "onset_at_restore"]
 
 CONFIG_COLUMNS = [
-    "pool", "variant", "interval", "concurrency", "requests", *CLASSES, "flagged", "hard_rate", "drift_rate",
-    "soft_rate", "drift_max", *CACHE_COUNTERS, "cells_crossed", "cells_restored", "cells",
-    "completion_tokens", "wall_s", "output_tok_s",
-    "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p90_ms", "itl_p99_ms",
-    "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "accept_length_mean",
+    "pool", "variant", "interval", "point", "concurrency", "request_rate", "requests", *CLASSES, "flagged",
+    "hard_rate", "drift_rate", "soft_rate", "drift_max", *CACHE_COUNTERS, "cells_crossed", "cells_restored", "cells",
+    "completion_tokens", "wall_s", "output_tok_s", *LATENCY_COLUMNS, "accept_length_mean",
+    "warmup", "unsent", "stopped",
 ]
 UNKNOWN = "unknown"  # a cache counter the server does not expose (or no stats were recorded)
 
@@ -110,16 +113,19 @@ def boundaries_table(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _pct_ms(values: pd.Series, q: float) -> float:
-    v = pd.to_numeric(values, errors="coerce").dropna()
-    return float(np.percentile(v, q) * 1000.0) if len(v) else np.nan
+def _label(rec: dict) -> str:
+    """The sweep point label of a record (a stats record's from its key `stats/<pool>-<point>/<replica>`)."""
+    key = str(rec.get("key") or "")
+    if key.startswith("stats/") and key.count("/") == 2 and key.split("/")[1].startswith(f"{rec.get('pool')}-"):
+        return key.split("/")[1][len(str(rec.get("pool"))) + 1:]
+    return point_label(rec) or f"c{_na(rec.get('concurrency'))}"
 
 
 def cache_figures(stats: list[dict] | None) -> dict[tuple, dict]:
-    """(pool, concurrency) -> each cache counter summed over the point's replicas, UNKNOWN where any is missing."""
+    """(pool, point label) -> each cache counter summed over the point's replicas, UNKNOWN where any is missing."""
     out: dict[tuple, dict] = {}
     for rec in stats or []:
-        point = out.setdefault((rec.get("pool"), rec.get("concurrency")), dict.fromkeys(CACHE_COUNTERS, 0))
+        point = out.setdefault((rec.get("pool"), _label(rec)), dict.fromkeys(CACHE_COUNTERS, 0))
         counters = rec.get("counters") or {}
         for name in CACHE_COUNTERS:
             value = counters.get(name)
@@ -127,15 +133,26 @@ def cache_figures(stats: list[dict] | None) -> dict[tuple, dict]:
     return out
 
 
-def configs_table(df: pd.DataFrame, stats: list[dict] | None = None) -> pd.DataFrame:
-    """pool/interval x concurrency: class counts, drift, cache counters (from `stats` records), cells reached,
-    output tok/s over the sweep point's wall span, latency percentiles."""
+def _point_sort(label: str) -> tuple:
+    """Concurrency points first, then rate points, each by their number."""
+    return (label[:1] != "c", float(label[1:]) if label[1:].replace(".", "", 1).isdigit() else math.inf, label)
+
+
+def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates: list[dict] | None = None,
+                  points: list[dict] | None = None, slo: dict[str, float] | None = None) -> pd.DataFrame:
+    """pool/interval x sweep point: class counts, drift, cache counters (from `stats` records), cells reached,
+    output tok/s over the point's wall span, latency (reports/latency.py: from `candidates`, else from `df`'s
+    timings) with `slo` attainment, and what the point's record (`points`) says of its warmup and early stop."""
     if df.empty:
         return pd.DataFrame(columns=CONFIG_COLUMNS)
     figures = cache_figures(stats)
+    latency = latency_by_point(candidates if candidates is not None else df.to_dict("records"), slo)
+    done = {(p.get("pool"), p.get("point")): p for p in points or []}
     blocks = df.dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
+    df = df.assign(point=[_label(r) for r in df[["key", "pool", "concurrency"]].to_dict("records")])
     rows = []
-    for (pool, interval, conc), g in df.groupby(["pool", "interval", "concurrency"], dropna=False, sort=True):
+    groups = df.groupby(["pool", "interval", "point"], dropna=False, sort=True)
+    for (pool, interval, label), g in sorted(groups, key=lambda kv: (str(kv[0][0]), _point_sort(kv[0][2]))):
         ok = g[g["class"] != "error"]
         tokens = int(ok["completion_tokens"].fillna(0).sum())
         ends = (g["t_start"] + g["e2e"]).dropna()
@@ -143,17 +160,19 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None) -> pd.DataF
         wall = float(ends.max() - starts.min()) if len(ends) and len(starts) else np.nan
         crossed, restored = cells_reached(g)
         drift = ok["drift"].dropna()
-        cache = figures.get((pool, _na(conc)), dict.fromkeys(CACHE_COUNTERS, UNKNOWN))
-        row = {"pool": pool, "variant": g["variant"].iloc[0], "interval": interval, "concurrency": conc,
+        cache = figures.get((pool, label), dict.fromkeys(CACHE_COUNTERS, UNKNOWN))
+        lat = latency.get((pool, label)) or empty_latency()
+        rec = done.get((pool, label)) or {}
+        row = {"pool": pool, "variant": g["variant"].iloc[0], "interval": interval, "point": label,
+               "concurrency": g["concurrency"].dropna().iloc[0] if g["concurrency"].notna().any() else pd.NA,
+               "request_rate": lat["offered_rps"],
                **_class_counts(g), "flagged": int(g["class"].isin(FLAGGED).sum()),
                "drift_max": float(drift.max()) if len(drift) else np.nan, **cache,
                "cells_crossed": crossed, "cells_restored": restored,
                "cells": len(cells(int(blocks[pool]))) if pool in blocks else np.nan,
                "completion_tokens": tokens, "wall_s": wall,
-               "output_tok_s": tokens / wall if wall and wall > 0 else np.nan}
-        for metric in ("ttft", "itl", "e2e"):
-            for q in (50, 90, 99):
-                row[f"{metric}_p{q}_ms"] = _pct_ms(ok[metric], q)
+               "output_tok_s": tokens / wall if wall and wall > 0 else np.nan, **lat,
+               "warmup": rec.get("warmup", 0), "unsent": rec.get("unsent", 0), "stopped": rec.get("stopped") or ""}
         accept = pd.to_numeric(ok["spec_accept_length"], errors="coerce").dropna()
         row["accept_length_mean"] = float(accept.mean()) if len(accept) else np.nan
         rows.append(row)
@@ -173,14 +192,24 @@ def requests_table(df: pd.DataFrame) -> pd.DataFrame:
 def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None = None,
                  candidates: list[dict] | None = None) -> dict[str, pd.DataFrame]:
     """Write requests.csv, boundaries.csv, configs.csv, coverage.csv and tree_shapes.csv (from the candidate
-    records' ids: reports/tree_shapes.py; empty without them) into `run_dir`; return the frames."""
+    records' ids: reports/tree_shapes.py; empty without them) into `run_dir`; return the frames. configs.csv
+    takes the run's point records and its config.json's --slo from `run_dir`."""
     run_dir = Path(run_dir)
     shapes = shapes_table(request_shapes(candidates), df) if candidates else pd.DataFrame(columns=SHAPE_COLUMNS)
+    slo = parse_slo((load_config(run_dir).get("run_config") or {}).get("slo"))
+    configs = configs_table(df, stats, candidates, point_records(run_dir), slo)
     tables = {"requests": requests_table(df), "boundaries": boundaries_table(df),
-              "configs": configs_table(df, stats), "coverage": coverage_table(df), "tree_shapes": shapes}
+              "configs": configs, "coverage": coverage_table(df), "tree_shapes": shapes}
     for name, table in tables.items():
         csv_safe(table).to_csv(run_dir / f"{name}.csv", index=False, float_format="%.6g")
     return tables
+
+
+def point_records(run_dir: Path) -> list[dict]:
+    """The run's sweep point records (role "point", records/schema.py POINTS_FILE); none in older runs."""
+    reader = RunReader(run_dir)
+    stem = Path(POINTS_FILE).stem
+    return list(reader.records(stem, set())) if stem in reader.stems() else []
 
 
 def csv_safe(table: pd.DataFrame) -> pd.DataFrame:

@@ -198,7 +198,7 @@ def _token_source(cli_tokenizer: str | None, info: dict) -> str | None:
 async def _read_stream(resp: aiohttp.ClientResponse, t0: float, tokens: TokenMap) -> Generation:
     """Accumulate OpenAI stream chunks (deltas) into one answer; TTFT at the first chunk carrying tokens."""
     answer, done = Answer(), False
-    t_first = t_last = None
+    t_first = t_last = t_second = None
     async for now, body in sse_data(resp):
         if body == DONE:
             done = True
@@ -209,8 +209,10 @@ async def _read_stream(resp: aiohttp.ClientResponse, t0: float, tokens: TokenMap
         if answer.absorb(obj):
             t_first = t_first if t_first is not None else now
             t_last = now
+            if t_second is None and max(len(answer.token_ids or ()), len(answer.tokens)) > 1:
+                t_second = now  # one chunk may carry several tokens: the second can come with the first
     if not done and answer.finish_reason is None:
         raise ReplicaFailure("stream ended before the request finished")
     gen = answer.generation(tokens, None, None, time.perf_counter() - t0)
     ttft, itl = stream_timing(t0, t_first, t_last, len(gen.output_ids))
-    return replace(gen, ttft=ttft, itl=itl)
+    return replace(gen, ttft=ttft, itl=itl, ttst=t_second - t0 if t_second is not None else None)

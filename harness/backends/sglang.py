@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import replace
 
 import aiohttp
 
@@ -85,17 +86,19 @@ class StreamAssembly:
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, t0: float, incremental: bool = False) -> Generation:
-    """The final answer of a server-sent-event stream. Cumulative chunks: only the first one carrying tokens (for
-    TTFT) and the last one are parsed; incremental chunks are each parsed and put together."""
+    """The final answer of a server-sent-event stream. Cumulative chunks: only those up to the one that brings the
+    second token (TTFT, time to second token) and the last one are parsed; incremental chunks are each parsed
+    and put together."""
     last: dict | bytes | None = None
     assembly = StreamAssembly() if incremental else None
-    t_first = t_last = None
+    t_first = t_last = t_second = None
     done = False
     async for now, body in sse_data(resp):
         if body == DONE:
             done = True
             continue
-        obj = json.loads(body) if assembly is not None or t_first is None or b'"error"' in body else None
+        obj = (json.loads(body) if assembly is not None or t_first is None or t_second is None or b'"error"' in body
+               else None)
         if obj is not None and (failure := stream_error(obj)) is not None:
             raise failure
         t_last = now
@@ -104,6 +107,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, t0: float, incremental: boo
         last = obj if obj is not None else body
         if t_first is None and obj is not None and obj.get("output_ids"):
             t_first = now
+        if t_second is None and obj is not None and len(assembly.ids if assembly is not None
+                                                         else obj.get("output_ids") or ()) > 1:
+            t_second = now  # one chunk may carry several tokens (DFlash): the second can come with the first
     if last is None:
         raise ReplicaFailure("stream ended without an answer")
     obj = assembly.answer() if assembly is not None else (last if isinstance(last, dict) else json.loads(last))
@@ -111,7 +117,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, t0: float, incremental: boo
     if not done and finish is None:
         raise ReplicaFailure("stream ended before the request finished")
     ttft, itl = stream_timing(t0, t_first, t_last, len(obj.get("output_ids") or []))
-    return parse_answer(obj, ttft, itl, time.perf_counter() - t0)
+    return replace(parse_answer(obj, ttft, itl, time.perf_counter() - t0),
+                   ttst=t_second - t0 if t_second is not None else None)
 
 
 async def health(session: aiohttp.ClientSession, url: str, timeout: float = 5.0) -> bool:

@@ -31,7 +31,7 @@ def test_incremental_and_cumulative_streams_read_to_the_same_answer():
             return answers
 
     a, b = asyncio.run(scenario())
-    timing = {"ttft": None, "itl": None, "e2e": 0.0}
+    timing = {"ttft": None, "itl": None, "e2e": 0.0, "ttst": None}
     assert dataclasses.replace(a, **timing) == dataclasses.replace(b, **timing)
     assert len(b.output_ids) == 12 and len(b.output_top_logprobs) == 12 and b.spec_trace and b.ttft is not None
 

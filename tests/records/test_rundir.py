@@ -18,7 +18,7 @@ RECORD_FIELDS = {  # docs/records.md, in order
     "suite", "case_id", "session_id", "turn", "case", "input_hash", "input_len", "input_ids", "max_new_tokens",
     "output_ids", "output_text", "output_logprobs", "output_top_logprobs", "cached_tokens", "completion_tokens",
     "finish_reason", "spec_verify_ct", "spec_accept_length", "spec_trace", "ttft", "itl", "e2e", "t_start",
-    "retries", "error", "tokenizer", "cache_lost",
+    "retries", "error", "tokenizer", "cache_lost", "t_planned", "request_rate", "arrival", "ttst",
 }
 
 
