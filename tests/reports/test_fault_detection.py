@@ -58,8 +58,10 @@ def restored_prefill(row: dict) -> bool:
 
 
 def restored_at_split(row: dict) -> bool:
-    """Its match went to a node a diverging sibling's insertion split off (reports/tree_shapes.py: `split`)."""
-    return row["tree_shape"] == "split"
+    """Its match went to a node a diverging sibling's insertion split off (reports/tree_shapes.py: `split`), or
+    the fault gave it a restore the clean engine does not make (a split node that holds a checkpoint it should
+    not: its cached tokens differ from the clean run's), or it restored what such a turn of its session saved."""
+    return row["tree_shape"] == "split" or row["restore_changed"] or row["after_changed"]
 
 
 def any_verify(row: dict) -> bool:
@@ -179,12 +181,22 @@ def analyzed(fault: str | None, references: dict) -> pd.DataFrame:
     return df.merge(shapes, on="key", how="left")
 
 
+_CLEAN: dict[int, pd.DataFrame] = {}
+
+
+def analyzed_clean(references: dict) -> pd.DataFrame:
+    """The clean engine's analyzed candidates (run once per module)."""
+    if id(references) not in _CLEAN:
+        _CLEAN[id(references)] = analyzed(None, references)
+    return _CLEAN[id(references)]
+
+
 def test_every_registered_fault_has_a_detection_row():
     assert set(FAULT_PATHS) | PRESSURE_ONLY == set(FAULTS) and not set(FAULT_PATHS) & PRESSURE_ONLY
 
 
 def test_the_clean_engine_is_never_flagged(references):
-    df = analyzed(None, references)
+    df = analyzed_clean(references)
     assert set(df["class"]) == {"exact"}, df.loc[df["class"] != "exact", ["key", "class", "detail"]]
     assert df["drift"].max() < 1e-3  # the tiny random model drifts up to ~2e-4 from batch shapes alone
     cov = coverage_table(df)
@@ -197,6 +209,13 @@ def test_fault_is_flagged_where_it_acts(fault, references):
     path = FAULT_PATHS[fault]
     df = analyzed(fault, references)
     rows = df.to_dict("records")
+    clean = {r["key"]: r["cached_tokens"] for r in analyzed_clean(references).to_dict("records")}
+    changed_sessions = set()
+    for r in sorted(rows, key=lambda r: (r["session_id"], r["turn"])):
+        r["restore_changed"] = bool(r["restored"]) and r["cached_tokens"] != clean[r["key"]]
+        r["after_changed"] = bool(r["restored"]) and r["session_id"] in changed_sessions
+        if r["restore_changed"]:
+            changed_sessions.add(r["session_id"])
     by_turn = {(r["session_id"], r["turn"]): r for r in rows}
     for r in rows:  # the turn that took the restored checkpoint: back past turns that restored it themselves
         prev = by_turn.get((r["session_id"], r["turn"] - 1))
