@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -146,8 +147,25 @@ def load_toml(path: str | Path) -> dict:
     return {k: convert(k, v, str(path)) for k, v in raw.items()}
 
 
+def attach_flag_values(argv: list[str]) -> list[str]:
+    """`--candidate-args --disable-radix-cache` as `--candidate-args=--disable-radix-cache`: argparse takes a
+    value that starts with `--` and has no space for an option of its own ("expected one argument"), but the
+    value of a flags-kind setting (engine flags) always starts with `--`."""
+    flags_kind = {flag(n) for n, f in RunConfig.__dataclass_fields__.items() if f.metadata["kind"] == "args"}
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in flags_kind and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def from_argv(argv: list[str] | None, environ: Mapping[str, str]) -> tuple[RunConfig, set[str]]:
     """Parse CLI flags (and the config file they name); return the config and the explicitly given keys."""
+    argv = attach_flag_values(list(sys.argv[1:] if argv is None else argv))
     ns = vars(build_parser().parse_args(argv))
     values = load_toml(ns.pop("config")) if "config" in ns else {}
     explicit = set(values) | set(ns)
