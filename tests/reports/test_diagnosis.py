@@ -10,7 +10,6 @@ from reports.coverage import cells, coverage_summary, coverage_table
 from reports.diagnosis import diagnose, interval_subsystem, noise_floor
 from tests.reports.factory import pair, prompt
 
-
 SUFFIX = {"full": "", "spec_only": "-spec", "cache_only": "-cache"}
 
 
