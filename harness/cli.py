@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.run", argument_default=argparse.SUPPRESS, allow_abbrev=False,
         description="Run specgate: candidate pools (DFlash + radix cache) against the cold-path reference, "
-                    "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error.")
+                    "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error, "
+                    "3 inconclusive (the run did not exercise what it gates: docs/reports.md), 130 interrupted.")
     p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the settings below "
                    "(keys are the flag names with '_'); flags given here override it")
     for name, f in RunConfig.__dataclass_fields__.items():
