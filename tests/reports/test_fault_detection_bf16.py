@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 
 
 def _cfg(fault: str | None) -> RunConfig:
-    return RunConfig(intervals=(I,), block_size=B, page_size=16, model_path="random", model_preset="small",
+    return RunConfig(intervals=(I,), block_size=B, page_size=16, model_path="random", model_preset="tiny",
                      inject_fault=fault, cover=True, dtype="bfloat16")
 
 
