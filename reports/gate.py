@@ -103,8 +103,9 @@ class Verdict:
         word = self.word
         noun = "mismatch" if self.hard == 1 else "mismatches"
         err = "error" if self.errors == 1 else "errors"
+        numerics = f", {self.path_numerics} path numerics (not judged)" if self.path_numerics else ""
         return (f"{word}: {self.hard} hard {noun}, {self.drift} drift ({self.flagged}/{self.requests} requests), "
-                f"{self.errors} {err}, {self.soft} soft ({100 * self.soft_rate:.1f}%)")
+                f"{self.errors} {err}, {self.soft} soft ({100 * self.soft_rate:.1f}%){numerics}")
 
 
 def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexercised: list[str] | None = None,
