@@ -124,9 +124,10 @@ def test_controls_add_pools_where_offered_and_are_refused_elsewhere(key, control
     _, plain = _plan(case)
     _, plan = _plan(case, *extra)
     names = [p.name for p in plan.candidates]
-    if control == "diagnose":
-        assert len(names) == 3 * len(plain.candidates)  # a speculation-only and a cache-only pool beside each
-        assert {(p.engine.speculative, p.engine.radix_cache) for p in plan.candidates} == \
+    if control == "diagnose":  # a speculation-only and a cache-only pool beside each (controls apart)
+        gated = [p for p in plan.candidates if not is_control(p.name)]
+        assert len(gated) == 3 * len([p for p in plain.candidates if not is_control(p.name)])
+        assert {(p.engine.speculative, p.engine.radix_cache) for p in gated} == \
             {(True, True), (True, False), (False, True)}
     elif control == "calibrate":  # clean controls beside the candidates (harness/calibrate.py), never gated
         gated = [p.name for p in plain.candidates if not is_control(p.name)]  # a noisy target calibrates itself
