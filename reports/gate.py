@@ -22,10 +22,11 @@ EXIT_PASS = 0
 EXIT_GATE_FAILED = 1
 EXIT_HARNESS_FAILED = 2
 EXIT_INCONCLUSIVE = 3
-# The share of (verify step, commit length) boundary cells a full candidate pool must cross and restore. The
-# default sweep (frozen suite, I=128/256, concurrency 1,4,8,16, B=8) restores 15-16 of the 36 cells per pool
-# with the trained drafter (docs/reports.md), a third of them clear of this line.
-MIN_COVERAGE = 0.3
+# The share of (verify step, commit length) boundary cells a full candidate pool must cross and restore: 6 of
+# the 36 cells at B=8. The trained drafter decides the commit lengths; the default sweep reaches 11-12 cells per
+# interval (docs/reports.md), and a single sweep point of the frozen suite restores 5-6 within its first 10-15
+# requests, so the default sweep clears it by about 2x; --cover reaches all 36.
+MIN_COVERAGE = 0.15
 # A starting tolerance for external (GPU, bf16) engines, whose batch-dependent numerics move log-probs
 # far more than the deterministic built-in engine's; the report's observed noise floor says whether it fits.
 EXTERNAL_DRIFT_TOLERANCE = 0.05

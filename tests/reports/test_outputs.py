@@ -54,7 +54,7 @@ def test_cli_passes_with_exit_0_and_threshold_flags(tmp_path):
     assert proc.stdout.splitlines()[:2] == [
         "INCONCLUSIVE: 0 hard mismatches, 0 drift (0/8 requests), 0 errors, 1 soft (12.5%)",
         "  - pool i256: 1 of the 36 (verify step, commit length) boundary cells of B=8 were crossed and restored "
-        "(3% < --min-coverage 0.3); use the default frozen suite at more concurrencies, --cover (a scripted drafter "
+        "(3% < --min-coverage 0.15); use the default frozen suite at more concurrencies, --cover (a scripted drafter "
         "that walks every cell), or lower --min-coverage"]
     assert "not exercised: pool i256: 1 of the 36" in (run_dir / "summary.md").read_text().split("**Diagnosis")[0]
     assert '<header class="verdict inconclusive">' in (run_dir / "report.html").read_text()
