@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from records.jsonl import load_run
 from records.rundir import load_config, write_json
 from reports.analyze import analyze
-from reports.controls import BASELINE_POOL, controls_of, is_control
+from reports.controls import BASELINE_POOL, controls_of, first_token_drift, is_control
 from reports.gate import GateThresholds
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class Calibration:
     margin_threshold: float
     tolerance_source: str  # "calibrated" or "--drift-tolerance"
     controls: tuple[str, ...] = (BASELINE_POOL,)
+    # max(DRIFT_FLOOR, DRIFT_FACTOR x the controls' largest first-token drift of a restored turn); None: no control
+    # restored anything. A restored turn whose first token moves past it is drift (reports/controls.py)
+    restore_tolerance: float | None = None
 
     def text(self) -> str:
         """One sentence for the report."""
@@ -66,9 +69,11 @@ class Calibration:
                                                  if self.flip_margin_max is not None else "")
         what = ("baseline (speculation and prefix caching off" if self.controls == (BASELINE_POOL,)
                 else f"{' + '.join(self.controls)} (the controls sharing its code paths")
+        restore = (f", restore tolerance {self.restore_tolerance:.3g} (first output token of a restored turn)"
+                   if self.restore_tolerance is not None else "")
         return (f"clean {what}, {self.requests} requests vs the reference): {drift}, {flips}; gate drift "
                 f"tolerance {self.drift_tolerance:.3g} ({self.tolerance_source}), margin threshold "
-                f"{self.margin_threshold:.3g}")
+                f"{self.margin_threshold:.3g}{restore}")
 
 
 def _finite(values) -> list[float]:
@@ -119,6 +124,16 @@ def per_path(df, source_df, gate: GateThresholds, tolerance_given: bool, from_ru
     return out, uncalibrated
 
 
+def with_restore_tolerance(cal: Calibration, candidates: list[dict], references: dict[str, dict]) -> Calibration:
+    """`cal` with the restore tolerance of its controls' restored turns (their first output token's drift)."""
+    drifts = [first_token_drift(r, references.get(str(r.get("input_hash")))) for r in candidates
+              if r.get("pool") in cal.controls and (r.get("cached_tokens") or 0) > 0 and not r.get("error")]
+    drifts = [d for d in drifts if d is not None]
+    if not drifts:
+        return cal
+    return replace(cal, restore_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(drifts)))
+
+
 def _text(cals: dict[str, Calibration], uncalibrated: list[str], source: str) -> str:
     gated = {p: c for p, c in cals.items() if not is_control(p)}
     groups: dict[tuple, list[str]] = {}
@@ -148,6 +163,8 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
     else:
         source_df = df[df["pool"].map(is_control)]
     cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run))
+    source_run = trusted if baseline_run else run
+    cals = {p: with_restore_tolerance(c, source_run.candidates, source_run.references) for p, c in cals.items()}
     per_pool = {p: (c.margin_threshold, c.drift_tolerance) for p, c in cals.items()}
     gated = [c for p, c in cals.items() if not is_control(p)]
     calibrated = gate

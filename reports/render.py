@@ -21,7 +21,7 @@ from records.incidents import load_incidents
 from records.jsonl import RunRecords, load_run
 from records.rundir import load_config
 from reports.analyze import analyze
-from reports.controls import is_control, path_numerics, path_numerics_lines
+from reports.controls import is_control, path_numerics, path_numerics_lines, restore_onsets
 from reports.diagnosis import diagnose, noise_floor
 from reports.exercised import unexercised
 from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
@@ -60,8 +60,15 @@ def _per_pool(config: dict) -> dict[str, tuple[float, float]] | None:
     return {p: (float(c["margin_threshold"]), float(c["drift_tolerance"])) for p, c in pools.items()}
 
 
+def _restore_tolerances(config: dict) -> dict[str, float]:
+    """Each calibrated pool's restore tolerance (harness/calibrate.py), where its controls restored anything."""
+    pools = (config.get("calibration") or {}).get("per_pool") or {}
+    return {p: float(c["restore_tolerance"]) for p, c in pools.items() if c.get("restore_tolerance") is not None}
+
+
 def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: bool,
-          per_pool: dict[str, tuple[float, float]] | None) -> tuple[Verdict, list[str], pd.DataFrame]:
+          per_pool: dict[str, tuple[float, float]] | None, references: dict[str, dict] | None = None,
+          restore_tolerances: dict[str, float] | None = None) -> tuple[Verdict, list[str], pd.DataFrame]:
     """The verdict on the gated pools of a requests frame (calibration controls are not gated), the path-numerics
     lines (reports/controls.py; in a calibrated run only: the fp32 built-in engine is exact), and the frame as
     judged (path-numerics rows of gated pools have class `path_numerics`; controls as analyzed)."""
@@ -72,6 +79,10 @@ def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: 
     if mask.any():
         lines = path_numerics_lines(gated, mask, {p: t for p, (_, t) in (per_pool or {}).items()})
         gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
+    onset = restore_onsets(gated, records, references or {}, restore_tolerances or {}) if calibrated else None
+    if onset is not None and onset.any():  # the restore moved the first token: drift, whatever the turn's tolerance
+        gated = gated.assign(**{"class": gated["class"].where(~onset, "drift"),
+                                "detail": gated["detail"].where(~onset, "first output token moved at the restore")})
     found = unexercised(gated, records, thresholds.min_coverage)
     verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()))
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
@@ -102,7 +113,8 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
     records = {r.get("key"): r for r in run.candidates}
-    verdict, _, judged = judge(df, records, thresholds, calibrated, per_pool)
+    verdict, _, judged = judge(df, records, thresholds, calibrated, per_pool, run.references,
+                               _restore_tolerances(config))
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=run.references,
                          coverage=tables["coverage"], tree_shapes=tables["tree_shapes"],

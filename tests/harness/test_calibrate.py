@@ -88,6 +88,20 @@ def test_each_pool_takes_the_tolerance_of_the_controls_on_its_path(tmp_path):
     assert cal["controls"] == ["ctl-i128-cache", "ctl-i128-spec"] and cal["uncalibrated"] == []
     assert cal["text"].startswith("clean ctl-i128-spec + ctl-i128-cache (the controls sharing its code paths, "
                                   "6 requests vs the reference): max drift 0.02")
+    assert cal["per_pool"]["i128"]["restore_tolerance"] is None  # no control restored anything
+
+
+def test_the_restore_tolerance_is_the_cache_controls_first_token_drift_of_restored_turns(tmp_path):
+    restored = _pool("ctl-i128-cache", 0.01, speculative=False)
+    for r in restored:
+        if r["role"] == "candidate":
+            r["cached_tokens"] = 32
+            r["output_logprobs"][0] = -0.25 - 0.002
+    run = _run(tmp_path, "r", [_pool("i128", 0.3), _pool("ctl-i128-spec", 0.02, radix=False), restored])
+    calibrated_gate(run, GateThresholds(), tolerance_given=False)
+    cal = json.loads((run / "config.json").read_text())["calibration"]
+    assert cal["per_pool"]["i128"]["restore_tolerance"] == pytest.approx(4 * 0.002)
+    assert "restore tolerance 0.008 (first output token of a restored turn)" in cal["text"]
 
 
 def test_a_trusted_run_calibrates_each_pool_by_its_own_name(tmp_path):

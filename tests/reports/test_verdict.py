@@ -147,3 +147,24 @@ def test_judge_excludes_controls_and_reports_path_numerics_only_when_calibrated(
                      "judged. Calibrate against this configuration's own path: --baseline-run a trusted run of it"]
     fp32, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), calibrated=False, per_pool=None)
     assert (fp32.drift, fp32.path_numerics, fp32.word) == (2, 0, "FAIL")
+
+
+def test_a_restore_that_moves_the_first_token_is_drift_under_a_loose_turn_tolerance():
+    """bf16: verify numerics move whole turns by 0.17, so the pool's tolerance is ~0.7; the first output token of a
+    restored turn moves <= 0.006 through a split prefill; a restore that moves it past its tolerance is drift."""
+    recs = []
+    for s, first in enumerate((0.004, 0.05)):
+        c, ref = pair(prompt(140, seed=s), [100] * 8, pool="i128", interval=128, session_id=f"s{s}",
+                      cached_tokens=128, spec_trace=spec_trace(140, 8, [3, 2, 4], 128, False))
+        c["output_logprobs"] = [-0.25 - first] + [-0.25 - 0.3] * 7  # 0.3 later on: verify numerics
+        recs += [c, ref]
+    df, records = _frame(recs)
+    refs = {r["input_hash"]: r for r in recs if r["role"] == "reference"}
+    per_pool = {"i128": (0.5, 0.7)}
+    df = analyze([r for r in recs if r["role"] == "candidate"], refs, per_pool=per_pool)
+    verdict, _, judged = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, refs, {"i128": 0.015})
+    assert list(judged["class"]) == ["exact", "drift"]
+    assert judged["detail"].iloc[1] == "first output token moved at the restore"
+    assert (verdict.drift, verdict.word) == (1, "FAIL")
+    plain, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, refs, {})
+    assert (plain.drift, plain.reasons) == (0, [])  # without a restore tolerance it passes every threshold
