@@ -119,3 +119,15 @@ def test_without_controls_the_configured_thresholds_stay(tmp_path):
     gate, per_pool = calibrated_gate(run, GateThresholds(), False)
     assert gate == GateThresholds() and per_pool == {} and DRIFT_FLOOR == 1e-4
     assert json.loads((run / "config.json").read_text())["calibration"]["uncalibrated"] == ["i128"]
+
+
+def test_the_soft_flip_rate_follows_the_controls_numerics_flips(tmp_path):
+    spec = _pool("ctl-i128-spec", 0.0, n=4, radix=False)
+    spec[0]["output_ids"] = [100] * 7 + [101]  # a near-tie flip of the control's first request (ref margin 0.1)
+    spec[0]["output_top_logprobs"][7] = [[-0.25, 101], [-0.25, 100]]
+    spec[1]["output_top_logprobs"][7] = [[-0.25, 100], [-0.35, 101]]  # its reference: margin 0.1 there
+    run = _run(tmp_path, "r", [_pool("i128", 0.0), spec, _pool("ctl-i128-cache", 0.0, n=4, speculative=False)])
+    gate, _ = calibrated_gate(run, GateThresholds(max_soft_rate=0.02), tolerance_given=False)
+    assert gate.max_soft_rate == pytest.approx(2 * 1 / 8)  # 1 flip in the 8 control requests, doubled
+    assert "soft-flip rate allowed 25.0% (2x the controls' flip rate)" in json.loads(
+        (run / "config.json").read_text())["calibration"]["text"]
