@@ -24,8 +24,8 @@ EXIT_HARNESS_FAILED = 2
 EXIT_INCONCLUSIVE = 3
 # The share of (verify step, commit length) boundary cells a full candidate pool must cross and restore: 6 of
 # the 36 cells at B=8. The trained drafter decides the commit lengths; the default sweep reaches 11-12 cells per
-# interval (docs/reports.md), and a single sweep point of the frozen suite restores 5-6 within its first 10-15
-# requests, so the default sweep clears it by about 2x; --cover reaches all 36.
+# interval (docs/reports.md), a single sweep point of the frozen suite restores 13 (I=128, concurrency 4), so
+# the default sweep clears it about 2x; --cover reaches all 36.
 MIN_COVERAGE = 0.15
 # A starting tolerance for external (GPU, bf16) engines, whose batch-dependent numerics move log-probs
 # far more than the deterministic built-in engine's; the report's observed noise floor says whether it fits.
