@@ -1,7 +1,8 @@
 """The noise floor of a run: log-prob drift of the turns that restored nothing, beside those that restored.
 
 Reads a run directory's `requests.csv` (written by `python -m harness.run`) and prints, per
-pool variant (full candidate, speculation-only, cache-only), interval and concurrency:
+pool (the candidates `i<I>`, the --diagnose pools, the calibration's controls `ctl-i<I>-spec` and
+`ctl-i<I>-cache`) and concurrency (`--by` other requests.csv columns, e.g. `variant,interval`):
 
 * floor: requests with `cached_tokens == 0` (and class != error): count, max and p99 drift
   vs the cold reference, and their classes. On the bf16 engine this is path numerics alone
@@ -82,8 +83,8 @@ def report(rows: list[dict], group_keys: tuple[str, ...]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir")
-    ap.add_argument("--by", default="variant,interval,concurrency",
-                    help="comma-separated requests.csv columns to group by (default: variant,interval,concurrency)")
+    ap.add_argument("--by", default="pool,concurrency",
+                    help="comma-separated requests.csv columns to group by (default: pool,concurrency)")
     args = ap.parse_args()
     rows = load(args.run_dir)
     for line in report(rows, tuple(args.by.split(","))):

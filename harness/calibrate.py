@@ -1,14 +1,18 @@
-"""Calibrating the oracle per target from a clean baseline (DESIGN.md 3.3).
+"""Calibrating the oracle per target and per code path, from clean controls (DESIGN.md 3.3; reports/controls.py).
 
-A `baseline` pool runs the target with speculation and prefix caching off, as the
-reference does, but as a separate server driven like a candidate: what it
-differs from the reference by is the target's own noise (batching, kernel
-paths, bf16). The drift tolerance and the margin threshold of the gate are set
-from it: tolerance = max(DRIFT_FLOOR, DRIFT_FACTOR x the baseline's largest
-drift); margin threshold = max(the configured one, MARGIN_FACTOR x the largest
-reference margin at which the baseline flipped a token). A tolerance given with
---drift-tolerance is kept (the calibration is still reported). The result goes
-into config.json (`calibration`, and `gate`), and the report shows it.
+A noisy target (the built-in engine in bf16, vLLM; or any run with --calibrate or
+--baseline-run) is calibrated. Each gated candidate pool is measured against the clean
+controls that share its code path: on the built-in engine `ctl-i<I>-spec` (speculation,
+no radix cache) and `ctl-i<I>-cache` (radix cache, no speculation), started beside the
+candidates, never with --inject-fault; on vLLM the `baseline` (the reference's flags on
+a server of its own). With `--baseline-run RUN_DIR` the controls are a trusted run's
+records instead: its pool of the same name (the same configuration on the trusted
+build), else its path controls. Per pool: tolerance = max(DRIFT_FLOOR, DRIFT_FACTOR x
+the controls' largest drift); margin threshold = max(the configured one, MARGIN_FACTOR x
+the largest reference margin at which a control flipped a token); the soft-flip rate
+allowed = max(--max-soft-rate, SOFT_FACTOR x the controls' flip rate). A tolerance given
+with --drift-tolerance is kept (the calibration is still reported). The result goes into
+config.json (`calibration`, with `per_pool`, and `gate`); the report shows it.
 """
 
 from __future__ import annotations
@@ -16,47 +20,72 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from records.jsonl import load_run
 from records.rundir import load_config, write_json
 from reports.analyze import analyze
+from reports.controls import BASELINE_POOL, controls_of, first_token_drift, is_control
 from reports.gate import GateThresholds
 
-BASELINE_POOL = "baseline"
+if TYPE_CHECKING:
+    from harness.config import RunConfig
+
+__all__ = ["BASELINE_POOL", "Calibration", "calibrate", "calibrated_gate", "calibrating"]
 DRIFT_FLOOR = 1e-4  # below this, differences are float32 rounding: never gate tighter
 DRIFT_FACTOR = 4.0
 MARGIN_FACTOR = 2.0
+SOFT_FACTOR = 2.0  # the gate's soft-flip rate: at least twice the controls' rate of numerics flips
+
+
+def calibrating(cfg: RunConfig) -> bool:
+    """Whether the run is calibrated: --calibrate, --baseline-run, or a noisy target (the built-in engine in a
+    dtype other than float32, vLLM, endpoints); the fp32 built-in engine is exact and keeps its tolerance."""
+    if cfg.calibrate or cfg.baseline_run:
+        return True
+    if cfg.endpoint:
+        return True
+    return cfg.engine != "builtin" or cfg.dtype != "float32"
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the baseline showed, and the thresholds the gate uses because of it."""
+    """What the controls showed, and the thresholds the gate uses because of it."""
 
     requests: int
-    drift_max: float | None  # largest log-prob drift of the baseline (same tokens, common prefix)
-    flips: int  # baseline requests whose tokens differ from the reference
+    drift_max: float | None  # largest log-prob drift of the controls (same tokens, common prefix)
+    flips: int  # control requests whose tokens differ from the reference
     flip_margin_max: float | None  # largest reference top-1/top-2 margin at such a flip
     drift_tolerance: float
     margin_threshold: float
     tolerance_source: str  # "calibrated" or "--drift-tolerance"
+    controls: tuple[str, ...] = (BASELINE_POOL,)
+    # max(DRIFT_FLOOR, DRIFT_FACTOR x the controls' largest first-token drift of a restored turn); None: no control
+    # restored anything. A restored turn whose first token moves past it is drift (reports/controls.py)
+    restore_tolerance: float | None = None
 
     def text(self) -> str:
         """One sentence for the report."""
         drift = "no drift measured" if self.drift_max is None else f"max drift {self.drift_max:.3g}"
         flips = f"{self.flips} token flip(s)" + (f" at reference margins up to {self.flip_margin_max:.3g}"
                                                  if self.flip_margin_max is not None else "")
-        return (f"clean baseline (speculation and prefix caching off, {self.requests} requests vs the reference): "
-                f"{drift}, {flips}; gate drift tolerance {self.drift_tolerance:.3g} ({self.tolerance_source}), "
-                f"margin threshold {self.margin_threshold:.3g}")
+        what = ("baseline (speculation and prefix caching off" if self.controls == (BASELINE_POOL,)
+                else f"{' + '.join(self.controls)} (the controls sharing its code paths")
+        restore = (f", restore tolerance {self.restore_tolerance:.3g} (first output token of a restored turn)"
+                   if self.restore_tolerance is not None else "")
+        return (f"clean {what}, {self.requests} requests vs the reference): {drift}, {flips}; gate drift "
+                f"tolerance {self.drift_tolerance:.3g} ({self.tolerance_source}), margin threshold "
+                f"{self.margin_threshold:.3g}{restore}")
 
 
 def _finite(values) -> list[float]:
     return [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 
-def calibrate(baseline_df, gate: GateThresholds, tolerance_given: bool) -> Calibration:
-    """The calibration from the baseline pool's analyzed requests (reports.analyze frame)."""
-    answered = baseline_df[baseline_df["class"] != "error"] if len(baseline_df) else baseline_df
+def calibrate(control_df, gate: GateThresholds, tolerance_given: bool,
+              controls: tuple[str, ...] = (BASELINE_POOL,)) -> Calibration:
+    """The calibration from control pools' analyzed requests (reports.analyze frame)."""
+    answered = control_df[control_df["class"] != "error"] if len(control_df) else control_df
     drifts = _finite(answered["drift"]) if len(answered) else []
     flipped = answered[answered["class"].isin(["soft", "hard"])] if len(answered) else answered
     margins = _finite(flipped["ref_margin"]) if len(flipped) else []
@@ -65,24 +94,97 @@ def calibrate(baseline_df, gate: GateThresholds, tolerance_given: bool) -> Calib
     tolerance = gate.drift_tolerance if tolerance_given else max(DRIFT_FLOOR, DRIFT_FACTOR * (drift_max or 0.0))
     margin = max(gate.margin_threshold, MARGIN_FACTOR * (flip_margin or 0.0))
     return Calibration(len(answered), drift_max, len(flipped), flip_margin, tolerance, margin,
-                       "--drift-tolerance" if tolerance_given else "calibrated")
+                       "--drift-tolerance" if tolerance_given else "calibrated", tuple(controls))
 
 
-def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool) -> GateThresholds:
-    """Calibrate from the run's baseline records; record it in config.json; the thresholds to gate with.
+def _pool_shapes(df) -> dict[str, tuple[str, int | None]]:
+    """pool -> (variant, interval) of a requests frame."""
+    out = {}
+    for pool, g in df.groupby("pool", sort=True):
+        interval = g["interval"].dropna()
+        out[str(pool)] = (str(g["variant"].iloc[0]), int(interval.iloc[0]) if len(interval) else None)
+    return out
 
-    Without baseline records (none answered) the configured thresholds stay, and config.json says so."""
+
+def per_path(df, source_df, gate: GateThresholds, tolerance_given: bool, from_run: bool
+             ) -> tuple[dict[str, Calibration], list[str]]:
+    """Per pool of `df`: its Calibration from the controls in `source_df` (this run's, or a trusted run's with
+    `from_run`), and the pools no control shares a path with (they keep the configured thresholds)."""
+    present = set(map(str, source_df["pool"].dropna())) if len(source_df) else set()
+    out, uncalibrated = {}, []
+    for pool, (variant, interval) in _pool_shapes(df).items():
+        if is_control(pool):
+            ctrls = [pool] if pool in present else []
+        elif from_run and pool in present:
+            ctrls = [pool]  # the same configuration on the trusted build
+        else:
+            ctrls = controls_of(pool, variant, interval, present)
+        if not ctrls:
+            uncalibrated.append(pool)
+            continue
+        out[pool] = calibrate(source_df[source_df["pool"].isin(ctrls)], gate, tolerance_given, tuple(ctrls))
+    return out, uncalibrated
+
+
+def with_restore_tolerance(cal: Calibration, candidates: list[dict], references: dict[str, dict]) -> Calibration:
+    """`cal` with the restore tolerance of its controls' restored turns (their first output token's drift)."""
+    drifts = [first_token_drift(r, references.get(str(r.get("input_hash")))) for r in candidates
+              if r.get("pool") in cal.controls and (r.get("cached_tokens") or 0) > 0 and not r.get("error")]
+    drifts = [d for d in drifts if d is not None]
+    if not drifts:
+        return cal
+    return replace(cal, restore_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(drifts)))
+
+
+def _text(cals: dict[str, Calibration], uncalibrated: list[str], source: str) -> str:
+    gated = {p: c for p, c in cals.items() if not is_control(p)}
+    groups: dict[tuple, list[str]] = {}
+    for pool, cal in gated.items():
+        groups.setdefault(cal.controls, []).append(pool)
+    parts = [f"{gated[pools[0]].text()} -> pool(s) {', '.join(pools)}" for pools in groups.values()]
+    if uncalibrated:
+        parts.append(f"no control shares a code path with pool(s) {', '.join(uncalibrated)}: configured thresholds")
+    return (source + "; ".join(parts)) if parts else "no control records: thresholds not calibrated"
+
+
+def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, baseline_run: str | None = None
+                    ) -> tuple[GateThresholds, dict[str, tuple[float, float]]]:
+    """Calibrate from the run's controls (or `baseline_run`'s records); record it in config.json; the thresholds
+    to gate with and the per-pool (margin threshold, drift tolerance) for reports.analyze.
+
+    Without control records the configured thresholds stay, and config.json says so."""
     run = load_run(run_dir)
-    base = [r for r in run.candidates if r.get("pool") == BASELINE_POOL]
     config = load_config(run_dir)
-    if not base:
-        config["calibration"] = {"text": "no baseline records: thresholds not calibrated"}
-        write_json(run_dir / "config.json", config)
-        return gate
-    df = analyze(base, run.references, threshold=gate.margin_threshold, tolerance=gate.drift_tolerance)
-    cal = calibrate(df, gate, tolerance_given)
-    calibrated = replace(gate, drift_tolerance=cal.drift_tolerance, margin_threshold=cal.margin_threshold)
-    config["calibration"] = {**asdict(cal), "text": cal.text()}
+    df = analyze(run.candidates, run.references, threshold=gate.margin_threshold, tolerance=gate.drift_tolerance)
+    source = ""
+    if baseline_run:
+        trusted = load_run(Path(baseline_run))
+        source_df = analyze(trusted.candidates, trusted.references, threshold=gate.margin_threshold,
+                            tolerance=gate.drift_tolerance)
+        source = f"from the trusted run {baseline_run}: "
+    else:
+        source_df = df[df["pool"].map(is_control)]
+    cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run))
+    source_run = trusted if baseline_run else run
+    cals = {p: with_restore_tolerance(c, source_run.candidates, source_run.references) for p, c in cals.items()}
+    per_pool = {p: (c.margin_threshold, c.drift_tolerance) for p, c in cals.items()}
+    gated = [c for p, c in cals.items() if not is_control(p)]
+    calibrated = gate
+    if gated:  # the run-wide figures (noise floor, plots) take the loosest pool's
+        # bf16 flips near-tie tokens through numerics alone (8% of requests at concurrency 4, docs/engine.md): the
+        # soft-flip rate the gate allows is at least SOFT_FACTOR x the controls' flip rate
+        flip_rate = max(c.flips / c.requests if c.requests else 0.0 for c in gated)
+        calibrated = replace(gate, drift_tolerance=max(c.drift_tolerance for c in gated),
+                             margin_threshold=max(c.margin_threshold for c in gated),
+                             max_soft_rate=min(1.0, max(gate.max_soft_rate, SOFT_FACTOR * flip_rate)))
+    controls = sorted({c for cal in cals.values() for c in cal.controls})
+    config["calibration"] = {
+        "requests": sum(int((source_df["pool"] == c).sum()) for c in controls) if len(source_df) else 0,
+        "controls": controls, "baseline_run": baseline_run, "uncalibrated": uncalibrated,
+        "per_pool": {p: asdict(c) for p, c in cals.items()},
+        "text": _text(cals, uncalibrated, source)
+        + (f"; soft-flip rate allowed {100 * calibrated.max_soft_rate:.1f}% ({SOFT_FACTOR:g}x the controls' flip rate)"
+           if calibrated.max_soft_rate > gate.max_soft_rate else "")}
     config["gate"] = asdict(calibrated)
     write_json(run_dir / "config.json", config)
-    return calibrated
+    return calibrated, per_pool

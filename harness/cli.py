@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -104,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.run", argument_default=argparse.SUPPRESS, allow_abbrev=False,
         description="Run specgate: candidate pools (DFlash + radix cache) against the cold-path reference, "
-                    "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error.")
+                    "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error, "
+                    "3 inconclusive (the run did not exercise what it gates: docs/reports.md), 130 interrupted.")
     p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the settings below "
                    "(keys are the flag names with '_'); flags given here override it")
     for name, f in RunConfig.__dataclass_fields__.items():
@@ -146,8 +148,25 @@ def load_toml(path: str | Path) -> dict:
     return {k: convert(k, v, str(path)) for k, v in raw.items()}
 
 
+def attach_flag_values(argv: list[str]) -> list[str]:
+    """`--candidate-args --disable-radix-cache` as `--candidate-args=--disable-radix-cache`: argparse takes a
+    value that starts with `--` and has no space for an option of its own ("expected one argument"), but the
+    value of a flags-kind setting (engine flags) always starts with `--`."""
+    flags_kind = {flag(n) for n, f in RunConfig.__dataclass_fields__.items() if f.metadata["kind"] == "args"}
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in flags_kind and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def from_argv(argv: list[str] | None, environ: Mapping[str, str]) -> tuple[RunConfig, set[str]]:
     """Parse CLI flags (and the config file they name); return the config and the explicitly given keys."""
+    argv = attach_flag_values(list(sys.argv[1:] if argv is None else argv))
     ns = vars(build_parser().parse_args(argv))
     values = load_toml(ns.pop("config")) if "config" in ns else {}
     explicit = set(values) | set(ns)

@@ -56,8 +56,8 @@ class RunConfig:
                          "float32, the exact target, or bfloat16, a noisy one as GPU engines serve")
     baseline_run: str | None = setting(None, "str", "a trusted run directory (e.g. the last release's) whose records "
                                        "calibrate the tolerances, path by path")
-    min_coverage: float = setting(0.5, "float", "gate: the fraction of boundary cells a run must cross and restore; "
-                                  "below it the verdict is INCONCLUSIVE")
+    min_coverage: float = setting(GATE.min_coverage, "float", "gate: the share of boundary cells a run must cross "
+                                  "and restore; below it the verdict is INCONCLUSIVE")
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
     num_requests: int | None = setting(None, "int", "requests of the load suite")
     seed: int = setting(0, "int", "seed of the generated suites: the load profile, and where the frozen suite's "

@@ -15,10 +15,12 @@ from dataclasses import fields
 from engine.config import EngineConfig
 
 # engine settings the harness decides per pool -> the harness flag that sets them (None: the pool's role)
+# (--disable-radix-cache is accepted: a candidate that turns its cache off is gated, and restores nothing: the
+# verdict says INCONCLUSIVE)
 POOL_FIELDS = {
     "model_path": "--model-path", "model_preset": "--model-preset", "tp_size": "--tp-size",
     "speculative_algorithm": None, "speculative_num_draft_tokens": "--block-size",
-    "mamba_radix_cache_strategy": None, "disable_radix_cache": None, "mamba_track_interval": "--intervals",
+    "mamba_radix_cache_strategy": None, "mamba_track_interval": "--intervals",
     "page_size": "--page-size", "inject_fault": "--inject-fault",
 }
 # what --cover asks of the candidates: drafts that force the commit length to cycle 1..B with the verify count

@@ -126,22 +126,28 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
 
 
 def render(run_dir: Path, cfg: RunConfig) -> int:
-    """Tables, plots, report and the gate's verdict (with --calibrate, thresholds from the baseline pool);
-    returns the exit status."""
+    """Tables, plots, report and the gate's verdict; a calibrated run (harness/calibrate.py: --calibrate,
+    --baseline-run, a noisy target) gates each pool with thresholds from the controls sharing its code path.
+    Returns the exit status (0 pass, 1 fail, 2 harness failed, 3 inconclusive)."""
     try:
-        gate = cfg.gate
-        if cfg.calibrate:
-            from harness.calibrate import calibrated_gate
+        from harness.calibrate import calibrated_gate, calibrating
 
-            gate = calibrated_gate(run_dir, gate, cfg.drift_tolerance is not None)
+        gate, per_pool = replace(cfg.gate, min_coverage=cfg.min_coverage), None
+        if calibrating(cfg):
+            gate, per_pool = calibrated_gate(run_dir, gate, cfg.drift_tolerance is not None, cfg.baseline_run)
             print(f"calibration: {load_config(run_dir)['calibration']['text']}")
-        verdict = render_run(run_dir, gate)
+        else:  # --min-coverage is the run's; `python -m reports.render` re-reads it from here
+            config = load_config(run_dir)
+            write_json(run_dir / "config.json", {**config, "gate": {**(config.get("gate") or {}), **asdict(gate)}})
+        verdict = render_run(run_dir, gate, per_pool)
     except Exception:  # noqa: BLE001 - a report failure must not read as a gate verdict
         traceback.print_exc()
         print(f"specgate: error: rendering the report failed; rebuild it with python -m reports.render {run_dir}",
               file=sys.stderr)
         return EXIT_HARNESS_FAILED
     print(verdict.headline)
+    for line in verdict.unexercised:  # INCONCLUSIVE: what was not exercised, and what to change
+        print(f"  not exercised: {line}")
     incidents = load_incidents(run_dir)
     for line, incident in zip(incident_lines(incidents), incidents, strict=True):
         print(f"incident: {line}")

@@ -1,7 +1,10 @@
 """The release gate: turn a run's classified requests into a verdict and an exit status.
 
 Exit status: 0 = gate passed, 1 = gate failed (a threshold was exceeded),
-2 = the harness itself failed (no records, a crashed run, bad arguments). The
+2 = the harness itself failed (no records, a crashed run, bad arguments),
+3 = inconclusive: no threshold was exceeded, but the run did not exercise what it
+gates (reports/exercised.py: no restore, no accepted draft, no verify-step crossing,
+boundary-cell coverage below `min_coverage`); a FAIL takes precedence. The
 gate never returns 2 for a run that has candidate records; status 2 is set by
 `harness.run` and `reports.render` when there is nothing to judge. These constants are the
 only definition of the exit statuses.
@@ -18,10 +21,16 @@ from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
 EXIT_PASS = 0
 EXIT_GATE_FAILED = 1
 EXIT_HARNESS_FAILED = 2
+EXIT_INCONCLUSIVE = 3
+# The share of (verify step, commit length) boundary cells a full candidate pool must cross and restore: 6 of
+# the 36 cells at B=8. The trained drafter decides the commit lengths; the default sweep reaches 11-12 cells per
+# interval (docs/reports.md), a single sweep point of the frozen suite restores 13 (I=128, concurrency 4), so
+# the default sweep clears it about 2x; --cover reaches all 36.
+MIN_COVERAGE = 0.15
 # A starting tolerance for external (GPU, bf16) engines, whose batch-dependent numerics move log-probs
 # far more than the deterministic built-in engine's; the report's observed noise floor says whether it fits.
 EXTERNAL_DRIFT_TOLERANCE = 0.05
-_FLOATS = ("max_soft_rate", "margin_threshold", "drift_tolerance")
+_FLOATS = ("max_soft_rate", "margin_threshold", "drift_tolerance", "min_coverage")
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,7 @@ class GateThresholds:
     margin_threshold: float = MARGIN_THRESHOLD  # reference top-1/top-2 margin below which a flip is soft
     max_drift: int = 0
     drift_tolerance: float = DRIFT_TOLERANCE  # largest |candidate - reference| log-prob that is numerics
+    min_coverage: float = MIN_COVERAGE  # below this share of boundary cells restored: INCONCLUSIVE
 
     @classmethod
     def from_mapping(cls, mapping: dict | None, **overrides) -> GateThresholds:
@@ -69,6 +79,15 @@ class Verdict:
     errors: int
     thresholds: GateThresholds = field(default_factory=GateThresholds)
     drift: int = 0
+    unexercised: list[str] = field(default_factory=list)  # what the run did not exercise, and what to change
+    path_numerics: int = 0  # drift judged path numerics (not counted as drift; reports the evidence)
+
+    @property
+    def word(self) -> str:
+        """PASS, FAIL or INCONCLUSIVE."""
+        if self.passed:
+            return "PASS"
+        return "INCONCLUSIVE" if self.exit_code == EXIT_INCONCLUSIVE else "FAIL"
 
     @property
     def soft_rate(self) -> float:
@@ -82,15 +101,20 @@ class Verdict:
     @property
     def headline(self) -> str:
         """One line, e.g. `FAIL: 24 hard mismatches, 60 drift (84/112 requests), 0 errors, 2 soft (1.8%)`."""
-        word = "PASS" if self.passed else "FAIL"
+        word = self.word
         noun = "mismatch" if self.hard == 1 else "mismatches"
         err = "error" if self.errors == 1 else "errors"
+        numerics = f", {self.path_numerics} path numerics (not judged)" if self.path_numerics else ""
         return (f"{word}: {self.hard} hard {noun}, {self.drift} drift ({self.flagged}/{self.requests} requests), "
-                f"{self.errors} {err}, {self.soft} soft ({100 * self.soft_rate:.1f}%)")
+                f"{self.errors} {err}, {self.soft} soft ({100 * self.soft_rate:.1f}%){numerics}")
 
 
-def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None) -> Verdict:
-    """Judge the requests frame of `reports.analyze` (one row per candidate, column `class`)."""
+def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexercised: list[str] | None = None,
+             path_numerics: int = 0) -> Verdict:
+    """Judge the requests frame of `reports.analyze` (one row per gated candidate, column `class`).
+
+    `unexercised`: what the run did not exercise (reports/exercised.py); with no threshold exceeded it makes
+    the verdict INCONCLUSIVE (exit 3). `path_numerics`: drift rows already judged path numerics (counted apart)."""
     t = thresholds or GateThresholds()
     counts = df["class"].value_counts() if len(df) else pd.Series(dtype=int)
     exact, drift, soft, hard, errors = (int(counts.get(c, 0)) for c in ("exact", "drift", "soft", "hard", "error"))
@@ -109,9 +133,12 @@ def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None) -> Verd
     if requests and soft > t.max_soft_rate * requests + 1e-9:
         reasons.append(f"{soft} soft flips = {100 * soft / requests:.2f}% of {requests} requests "
                        f"> allowed {100 * t.max_soft_rate:.2f}%")
-    passed = not reasons
+    unexercised = list(unexercised or [])
+    passed = not reasons and not unexercised
     if passed:
         code = EXIT_PASS
-    else:
+    elif reasons:
         code = EXIT_HARNESS_FAILED if requests == 0 else EXIT_GATE_FAILED
-    return Verdict(passed, code, reasons, requests, exact, soft, hard, errors, t, drift)
+    else:
+        code = EXIT_INCONCLUSIVE
+    return Verdict(passed, code, reasons, requests, exact, soft, hard, errors, t, drift, unexercised, path_numerics)

@@ -36,7 +36,7 @@ def render_html(results: RunResults) -> str:
     """The self-contained report page."""
     r = results
     df, verdict, config = r.df, r.verdict, r.config
-    word = "PASS" if verdict.passed else "FAIL"
+    word = verdict.word
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><title>specgate {esc(word)}: "
              f"{esc(config.get('run_id', ''))}</title><style>{CSS}</style></head><body>",
              verdict_header(verdict, config), "<main>", diagnosis_section(r.diagnosis),

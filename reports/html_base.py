@@ -14,6 +14,7 @@ CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
 main{max-width:1200px;margin:0 auto;padding:0 24px 48px}
 .verdict{padding:28px 32px;color:#fff}.verdict.pass{background:#2e7d32}.verdict.fail{background:#c62828}
+.verdict.inconclusive{background:#ef6c00}
 .verdict .word{font-size:64px;font-weight:800;letter-spacing:2px;line-height:1}
 .verdict .headline{font-size:22px;margin-top:8px}.verdict ul{margin:12px 0 0;font-size:17px}
 .verdict .meta{margin-top:10px;opacity:.85;font-size:14px}

@@ -15,11 +15,13 @@ MAX_BOUNDARY_ROWS = 80
 
 
 def verdict_header(verdict: Verdict, config: dict) -> str:
-    """PASS/FAIL, the headline, the reasons (or the thresholds that held) and the oracle's settings."""
-    word = "PASS" if verdict.passed else "FAIL"
+    """PASS/FAIL/INCONCLUSIVE, the headline, the reasons and what was not exercised (with what to change), or the
+    thresholds that held, and the oracle's settings."""
+    word = verdict.word
     t = verdict.thresholds
-    if verdict.reasons:
+    if verdict.reasons or verdict.unexercised:
         items = "".join(f"<li>{esc(r)}</li>" for r in verdict.reasons)
+        items += "".join(f"<li>not exercised: {esc(u)}</li>" for u in verdict.unexercised)
     else:
         items = (f"<li>all gate checks passed: hard &le; {t.max_hard}, drift &le; {t.max_drift}, errors &le; "
                  f"{t.max_errors}, soft &le; {100 * t.max_soft_rate:.1f}% of requests</li>")

@@ -4,7 +4,9 @@
                                      [--drift-tolerance T] [--max-drift N]
 
 Prints the verdict's headline and the report's path; exits 0 (pass), 1 (gate
-failed) or 2 (no records to judge: the harness failed).
+failed), 2 (no records to judge: the harness failed) or 3 (inconclusive: the run did
+not exercise what it gates, reports/exercised.py). A calibrated run (config.json's
+`calibration`, harness/calibrate.py) is re-judged with its per-pool thresholds.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from records.incidents import load_incidents
 from records.jsonl import RunRecords, load_run
 from records.rundir import load_config
 from reports.analyze import analyze
+from reports.controls import is_control, path_numerics, path_numerics_lines, restore_onsets
 from reports.diagnosis import diagnose, noise_floor
+from reports.exercised import unexercised
 from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
 from reports.junit import write_junit
@@ -46,10 +52,48 @@ def _warnings(run: RunRecords, df) -> list[str]:
     return warnings
 
 
-def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) -> Verdict:
+def _per_pool(config: dict) -> dict[str, tuple[float, float]] | None:
+    """The calibration's per-pool (margin threshold, drift tolerance) saved in config.json (harness/calibrate.py)."""
+    pools = (config.get("calibration") or {}).get("per_pool")
+    if not isinstance(pools, dict):
+        return None
+    return {p: (float(c["margin_threshold"]), float(c["drift_tolerance"])) for p, c in pools.items()}
+
+
+def _restore_tolerances(config: dict) -> dict[str, float]:
+    """Each calibrated pool's restore tolerance (harness/calibrate.py), where its controls restored anything."""
+    pools = (config.get("calibration") or {}).get("per_pool") or {}
+    return {p: float(c["restore_tolerance"]) for p, c in pools.items() if c.get("restore_tolerance") is not None}
+
+
+def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: bool,
+          per_pool: dict[str, tuple[float, float]] | None, references: dict[str, dict] | None = None,
+          restore_tolerances: dict[str, float] | None = None) -> tuple[Verdict, list[str], pd.DataFrame]:
+    """The verdict on the gated pools of a requests frame (calibration controls are not gated), the path-numerics
+    lines (reports/controls.py; in a calibrated run only: the fp32 built-in engine is exact), and the frame as
+    judged (path-numerics rows of gated pools have class `path_numerics`; controls as analyzed)."""
+    control = df["pool"].map(is_control).astype(bool) if len(df) else pd.Series([], dtype=bool)
+    gated = df[~control]
+    mask = path_numerics(gated) if calibrated else pd.Series(False, index=gated.index)
+    lines = []
+    if mask.any():
+        lines = path_numerics_lines(gated, mask, {p: t for p, (_, t) in (per_pool or {}).items()})
+        gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
+    onset = restore_onsets(gated, records, references or {}, restore_tolerances or {}) if calibrated else None
+    if onset is not None and onset.any():  # the restore moved the first token: drift, whatever the turn's tolerance
+        gated = gated.assign(**{"class": gated["class"].where(~onset, "drift"),
+                                "detail": gated["detail"].where(~onset, "first output token moved at the restore")})
+    found = unexercised(gated, records, thresholds.min_coverage)
+    verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()))
+    return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
+
+
+def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
+               per_pool: dict[str, tuple[float, float]] | None = None) -> Verdict:
     """Write requests/boundaries/configs.csv, plots/*.png, report.html, summary.md and junit.xml; return the verdict.
 
-    Thresholds default to config.json's (top-level keys, then its `gate` object), then to GateThresholds().
+    Thresholds default to config.json's (top-level keys, then its `gate` object), then to GateThresholds();
+    `per_pool` (a pool's own margin threshold and drift tolerance) to config.json's calibration.
     """
     run_dir = Path(run_dir)
     config = load_config(run_dir)
@@ -61,16 +105,21 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None) ->
     config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
     config["incidents"] = load_incidents(run_dir)  # replica failures, shown by reports/incidents.py
 
+    calibrated = bool((config.get("calibration") or {}).get("per_pool") is not None or per_pool)
+    per_pool = per_pool if per_pool is not None else _per_pool(config)
     df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold,
-                 tolerance=thresholds.drift_tolerance)
+                 tolerance=thresholds.drift_tolerance, per_pool=per_pool)
     tables = write_tables(df, run_dir, run.stats, run.candidates)
-    floor = noise_floor(df, thresholds.drift_tolerance)
+    gated = df[~df["pool"].map(is_control)]
+    floor = noise_floor(gated, thresholds.drift_tolerance)
+    records = {r.get("key"): r for r in run.candidates}
+    verdict, _, judged = judge(df, records, thresholds, calibrated, per_pool, run.references,
+                               _restore_tolerances(config))
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
-                         verdict=evaluate(df, thresholds), config=config,
-                         records={r.get("key"): r for r in run.candidates}, references=run.references,
-                         coverage=tables["coverage"], tree_shapes=tables["tree_shapes"], diagnosis=diagnose(df),
-                         floor=floor,
-                         warnings=_warnings(run, df) + floor.warnings())
+                         verdict=verdict, config=config, records=records, references=run.references,
+                         coverage=tables["coverage"], tree_shapes=tables["tree_shapes"],
+                         diagnosis=diagnose(judged), floor=floor,
+                         warnings=_warnings(run, df) + floor.warnings(calibrated=calibrated))
     results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots", results.coverage,
                                 thresholds.drift_tolerance)
     write_html(run_dir / "report.html", results)
@@ -90,18 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-errors", type=int, help="largest passing number of request errors")
     parser.add_argument("--drift-tolerance", type=float, help="largest log-prob drift that counts as numerics")
     parser.add_argument("--max-drift", type=int, help="largest passing number of requests with drift")
+    parser.add_argument("--min-coverage", type=float, help="smallest share of boundary cells crossed and restored "
+                        "(below it: INCONCLUSIVE)")
     args = parser.parse_args(argv)
     thresholds = GateThresholds.from_config(
         load_config(args.run_dir), margin_threshold=args.margin_threshold,
         max_soft_rate=args.max_soft_rate, max_hard=args.max_hard, max_errors=args.max_errors,
-        drift_tolerance=args.drift_tolerance, max_drift=args.max_drift)
+        drift_tolerance=args.drift_tolerance, max_drift=args.max_drift, min_coverage=args.min_coverage)
     try:
         verdict = render_run(args.run_dir, thresholds)
     except NoRecordsError as e:
         print(f"error: {e}; nothing to judge (exit {EXIT_HARNESS_FAILED})", file=sys.stderr)
         return EXIT_HARNESS_FAILED
     print(verdict.headline)
-    for reason in verdict.reasons:
+    for reason in verdict.reasons + verdict.unexercised:
         print(f"  - {reason}")
     print(f"report: {args.run_dir / 'report.html'}")
     return verdict.exit_code

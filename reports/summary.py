@@ -28,11 +28,12 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     df, boundaries, configs, verdict, config = (results.df, results.boundaries, results.configs, results.verdict,
                                                 results.config)
     t = verdict.thresholds
-    word = "PASS" if verdict.passed else "FAIL"
+    word = verdict.word
     # Every text that can hold a server's or a workload's words goes through md_inline: it stays one literal line.
     lines = [f"# specgate {md_inline(config.get('run_id', ''))}: **{word}**", "", f"**{md_inline(verdict.headline)}**",
              ""]
-    lines += [f"- {md_inline(r)}" for r in verdict.reasons] or ["- all gate checks passed"]
+    lines += ([f"- {md_inline(r)}" for r in verdict.reasons]
+              + [f"- not exercised: {md_inline(u)}" for u in verdict.unexercised]) or ["- all gate checks passed"]
     lines += ["", f"**Diagnosis:** {md_inline(results.diagnosis.headline)}", ""]
     lines += [f"- {md_inline(e)}" for e in results.diagnosis.evidence] + ([""] if results.diagnosis.evidence else [])
     lines += [f"Gate: hard <= {t.max_hard}, drift <= {t.max_drift}, errors <= {t.max_errors}, soft <= "

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING
 from engine.config import EngineConfig
 from engine.server.config import to_argv
 from harness.backends import Backend, make_backend
+from harness.calibrate import calibrating
 from harness.engine_args import EngineArgsError, check_config, engine_overrides
 from harness.errors import ConfigError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan, sessions_for, skipped
 from harness.targets.base import Need
 from harness.targets.managed import Launch, ManagedTarget
 from harness.workload import WorkloadTarget, from_flags
+from reports.controls import CONTROL_PREFIX
 from reports.gate import GateThresholds
 
 if TYPE_CHECKING:
@@ -39,12 +41,19 @@ def candidate_engine(cfg: RunConfig, interval: int, speculative: bool = True, ra
     """A candidate pool: DFlash with the radix cache's extra_buffer checkpoints every `interval` tokens
     (or, for --diagnose, one of the two without the other)."""
     return EngineSpec(interval, cfg.block_size if speculative else None, "extra_buffer" if radix_cache else None,
-                      cfg.tp_size, cfg.inject_fault, speculative, radix_cache, cfg.candidate_engine_args)
+                      cfg.tp_size, cfg.inject_fault, speculative, radix_cache,
+                      dtype_args(cfg) + cfg.candidate_engine_args)
+
+
+def dtype_args(cfg: RunConfig) -> tuple[str, ...]:
+    """`--dtype D` for every pool when --dtype is not the fp32 default (so fp32 command lines and records stay as
+    they were); it lands in each record's `engine.args`."""
+    return ("--dtype", cfg.dtype) if cfg.dtype != "float32" else ()
 
 
 def reference_engine(cfg: RunConfig) -> EngineSpec:
-    """The cold path: no speculation, no radix cache, never a fault (it is the oracle)."""
-    return EngineSpec(None, None, None, cfg.tp_size, None, False, False)
+    """The cold path: no speculation, no radix cache, never a fault (it is the oracle); the run's dtype."""
+    return EngineSpec(None, None, None, cfg.tp_size, None, False, False, dtype_args(cfg))
 
 
 def _base_config(cfg: RunConfig, engine: EngineSpec) -> dict:
@@ -99,16 +108,28 @@ def server_command(cfg: RunConfig, engine: EngineSpec) -> str:
 
 
 
+def control_engine(cfg: RunConfig, interval: int, speculative: bool, radix_cache: bool) -> EngineSpec:
+    """A calibration control: a candidate's code path (speculation only, or cache only) clean: never a fault,
+    never --candidate-args or --cover (a control measures the path's numerics, not the candidate's flags)."""
+    return EngineSpec(interval, cfg.block_size if speculative else None, "extra_buffer" if radix_cache else None,
+                      cfg.tp_size, None, speculative, radix_cache, dtype_args(cfg))
+
+
 def builtin_plan(cfg: RunConfig, sessions: list) -> Plan:
     """Pools of built-in replicas: one candidate pool per interval (with --diagnose also `i<I>-spec` and
-    `i<I>-cache`) and one reference pool."""
+    `i<I>-cache`), when calibrating from this run the clean controls `ctl-i<I>-spec` and `ctl-i<I>-cache`
+    (harness/calibrate.py), and one reference pool."""
     cands = []
+    controls = calibrating(cfg) and not cfg.baseline_run
     for i in cfg.intervals:
         variants = {"": (True, True), **(DIAGNOSE_VARIANTS if cfg.diagnose else {})}
         for suffix, (speculative, radix) in variants.items():
             engine = candidate_engine(cfg, i, speculative, radix)
             name = f"i{i}" + (f"-{suffix}" if suffix else "")
             cands.append(PoolPlan(name, "candidate", engine, cfg.replicas, sessions_for(sessions, i)))
+        for suffix, (speculative, radix) in (DIAGNOSE_VARIANTS if controls else {}).items():
+            cands.append(PoolPlan(f"{CONTROL_PREFIX}i{i}-{suffix}", "candidate",
+                                  control_engine(cfg, i, speculative, radix), cfg.replicas, sessions_for(sessions, i)))
     cands = tuple(cands)
     ref = PoolPlan(REFERENCE_POOL, "reference", reference_engine(cfg), cfg.reference_replicas)
     return Plan(cands, ref, cfg.concurrency, skipped(sessions, set(cfg.intervals)))
@@ -118,14 +139,8 @@ class BuiltinTarget(ManagedTarget):
     """The built-in engine: pools from the flags, servers that report exactly what they were started with."""
 
     key = "builtin"
-    controls = frozenset({"candidate_args", "diagnose", "cover"})
+    controls = frozenset({"calibrate", "candidate_args", "diagnose", "cover"})
     drift_tolerance = GateThresholds().drift_tolerance  # fp32 and deterministic: numerics are bit-identical
-
-    @classmethod
-    def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
-        if control == "calibrate":
-            return f"--calibrate needs --engine {' or '.join(offered_by)} (the built-in engine's tolerance is measured)"
-        return super().refused(control, offered_by)
 
     @classmethod
     def validate(cls, cfg: RunConfig, need: Need) -> None:

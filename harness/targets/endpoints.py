@@ -121,7 +121,8 @@ class EndpointsTarget(Target):
     @classmethod
     def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
         if control == "calibrate":  # a baseline pool is a server of its own, which only a started target has
-            return f"--calibrate needs --engine {' or '.join(offered_by)} (the built-in engine's tolerance is measured)"
+            return (f"--calibrate needs --engine {' or '.join(offered_by)} (it starts clean control servers); "
+                    "calibrate --endpoint servers from a trusted run's records with --baseline-run RUN_DIR")
         return f"--{control.replace('_', '-')} configures built-in replicas; it does not apply to --endpoint servers"
 
     @classmethod

@@ -27,6 +27,7 @@ import aiohttp
 from harness.backends import Backend, ReplicaFailure, RequestError
 from harness.backends.info import speculative
 from harness.backends.openai import OpenAIBackend
+from harness.calibrate import calibrating
 from harness.errors import ConfigError, HarnessError
 from harness.plan import REFERENCE_POOL, Plan, PoolPlan
 from harness.targets.base import Need
@@ -184,7 +185,7 @@ class VLLMTarget(ManagedTarget):
         """Pools from the flags (vllm_profile.pools); each candidate serves every session (their interval is the
         server's block, known once it is up)."""
         cfg = self.cfg
-        cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
+        cands, ref = pools(cfg.candidate_args, cfg.diagnose, calibrating(cfg) and not cfg.baseline_run)
         plans = tuple(PoolPlan(p.name, "candidate", engine_spec(p), cfg.replicas, tuple(sessions)) for p in cands)
         return Plan(plans, PoolPlan(REFERENCE_POOL, "reference", engine_spec(ref), cfg.reference_replicas),
                     cfg.concurrency, 0)
@@ -196,7 +197,7 @@ class VLLMTarget(ManagedTarget):
             python = find_python(VENV, cfg.vllm_python)
         except InterpreterNotFound as e:
             python = f"<no vLLM interpreter: {e}>"
-        cands, ref = pools(cfg.candidate_args, cfg.diagnose, cfg.calibrate)
+        cands, ref = pools(cfg.candidate_args, cfg.diagnose, calibrating(cfg) and not cfg.baseline_run)
         n_sessions = len(plan.candidates[0].sessions) if plan.candidates else 0
         text = describe(cfg, python, cands, ref, n_sessions)
         return text + (f"\nworkload: {plan.workload}" if plan.workload else "")

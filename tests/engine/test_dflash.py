@@ -62,6 +62,19 @@ def test_spec_with_block_16_and_batching():
     assert all(c == 6 for o in outs for _, c, _ in o.spec_trace[:-1])
 
 
+def test_scripted_accept_0_is_a_drafter_that_never_agrees():
+    """--drafter-mode scripted --scripted-accept 0: every verify step commits its bonus token only (the drafter
+    the gate's INCONCLUSIVE acceptance case runs); the output still equals the cold path's."""
+    cand = make_engine(speculative_algorithm="DFLASH", speculative_num_draft_tokens=B, mamba_track_interval=128,
+                       drafter_mode="scripted", scripted_accept=0)
+    cold = make_engine(disable_radix_cache=True)
+    reqs = [req(f"n{i}", prompt(120 + 3 * i, seed=i), 16) for i in range(3)]
+    outs = cand.generate(reqs)
+    assert [o.output_ids for o in outs] == [r.output_ids for r in cold.generate(reqs)]
+    assert all(c == 1 for o in outs for _, c, _ in o.spec_trace) and all(o.spec_trace for o in outs)
+    assert all(o.spec_verify_ct == len(o.output_ids) - 1 for o in outs)  # the prefill's token, then one per step
+
+
 def test_greedy_accept_len():
     assert greedy_accept_len([1, 2, 3], [1, 2, 3, 4]) == 3
     assert greedy_accept_len([1, 9, 3], [1, 2, 3, 4]) == 1

@@ -10,12 +10,15 @@ from reports.coverage import cells, coverage_summary, coverage_table
 from reports.diagnosis import diagnose, interval_subsystem, noise_floor
 from tests.reports.factory import pair, prompt
 
+SUFFIX = {"full": "", "spec_only": "-spec", "cache_only": "-cache"}
+
 
 def frame(rows: list[dict]) -> pd.DataFrame:
     base = {"class": "exact", "cached_tokens": 0, "drift": 0.0, "oracle": "logprob", "interval": 128,
             "variant": "full", "onset_points_at": None, "restored_verify_crossed": False,
-            "restored_link": None}
-    return pd.DataFrame([{**base, **r} for r in rows])
+            "restored_link": None, "restored": False, "error": None}
+    rows = [{**base, **r} for r in rows]
+    return pd.DataFrame([{"pool": f"i{r['interval']}{SUFFIX[r['variant']]}", **r} for r in rows])
 
 
 def test_noise_floor_is_the_drift_of_requests_that_restored_nothing():
@@ -57,8 +60,11 @@ def test_diagnosis_names_the_interplay_when_only_the_full_pool_is_flagged():
                        + _pools({"full": 1, "spec_only": 0, "cache_only": 0}, 256)))
     assert d.subsystem == "interplay"
     assert d.headline.startswith("The evidence points at the speculation x cache interplay (the #37817 class)")
-    assert d.evidence == ["interval 128: flagged full 3/7, spec_only 0/4, cache_only 0/4 -> interplay",
-                          "interval 256: flagged full 1/5, spec_only 0/4, cache_only 0/4 -> interplay"]
+    assert d.evidence == [
+        "interval 128: i128 (full) flagged 3/7 (0 restored a checkpoint); i128-cache (cache_only) flagged 0/4 "
+        "(0 restored a checkpoint); i128-spec (spec_only) flagged 0/4 (0 restored a checkpoint) -> interplay",
+        "interval 256: i256 (full) flagged 1/5 (0 restored a checkpoint); i256-cache (cache_only) flagged 0/4 "
+        "(0 restored a checkpoint); i256-spec (spec_only) flagged 0/4 (0 restored a checkpoint) -> interplay"]
 
 
 def test_diagnosis_names_caching_and_says_when_intervals_disagree():
@@ -99,3 +105,56 @@ def test_coverage_counts_crossed_and_restored_cells():
     assert int(cov["crossed"].sum()) == 1 and int(cov["restored"].sum()) == 1
     assert coverage_summary(cov) == [{"interval": 256, "cells": 36, "crossed": 1, "restored": 1,
                                       "restored_flagged": 1}]
+
+
+def _vllm_like_run() -> tuple[pd.DataFrame, dict]:
+    """Records shaped like issue 26's vLLM run (bf16 Qwen3-Next, --calibrate --diagnose): the full pool crashed
+    (every request an error), the speculation-only pool (no interval, no restore) drifts from the first output
+    token, the cache-only pool's real restores are exact while two prompts one token past a block boundary that
+    restored nothing drift from their first token (split prefills), and the baseline control is clean."""
+    recs = []
+    for s in range(4):
+        p = prompt(65, seed=s)
+        recs += pair(p, [100] * 8, pool="vllm", interval=64, session_id=f"f{s}", error="HTTP 500: engine dead",
+                     spec_trace=None)
+        spec = pair(p, [100] * 8, pool="vllm-spec", interval=None, session_id=f"s{s}", spec_trace=None)
+        spec[0]["output_logprobs"] = [-0.33] * 8
+        spec[0]["engine"]["radix_cache"] = False
+        cache = pair(p, [100] * 8, pool="vllm-cache", interval=64, session_id=f"c{s}", spec_trace=None,
+                     cached_tokens=64 if s < 2 else 0, accept=None)
+        cache[0]["engine"]["speculative"] = False
+        if s >= 2:
+            cache[0]["output_logprobs"] = [-0.30] * 8
+        base = pair(p, [100] * 8, pool="baseline", interval=None, session_id=f"b{s}", spec_trace=None, accept=None)
+        base[0]["engine"].update(speculative=False, radix_cache=False)
+        recs += spec + cache + base
+    cands = [r for r in recs if r["role"] == "candidate"]
+    for r in cands:
+        if r["error"]:
+            r["output_ids"], r["output_logprobs"], r["output_top_logprobs"] = [], [], []
+    df = analyze(cands, {r["input_hash"]: r for r in recs if r["role"] == "reference"},
+                 per_pool={p: (0.5, 4e-4) for p in ("vllm", "vllm-spec", "vllm-cache", "baseline")})
+    return df, {r["key"]: r for r in cands}
+
+
+def test_diagnosis_reads_every_pool_of_a_vllm_shaped_run():
+    from reports.gate import GateThresholds
+    from reports.render import judge
+
+    df, records = _vllm_like_run()
+    verdict, lines, judged = judge(df, records, GateThresholds(min_coverage=0.3), True, {"vllm-spec": (0.5, 4e-4)})
+    d = diagnose(judged)
+    assert d.subsystem == "crashed"
+    assert d.headline == ("The full candidate crashed (vllm: every request failed (first error: HTTP 500: engine "
+                          "dead)): no subsystem can be named from its output; see the incidents and the pools' logs.")
+    assert d.evidence == [
+        "interval 64: vllm (full) crashed: 4/4 errors, nothing answered; vllm-cache (cache_only) flagged 0/4 "
+        "(2 path numerics, 2 restored a checkpoint); vllm-spec (spec_only) flagged 0/4 (4 path numerics, 0 restored "
+        "a checkpoint) -> crashed",
+        "control baseline (cold) flagged 0/4 (0 restored a checkpoint)"]
+    assert list(d.table["pool"]) == ["baseline", "vllm", "vllm-cache", "vllm-spec"]
+    assert list(d.table["errors"]) == [0, 4, 0, 0] and list(d.table["path_numerics"]) == [0, 0, 2, 4]
+    # the verdict: the crash fails it; the path numerics are explained, never advised away by a raised tolerance
+    assert verdict.word == "FAIL" and verdict.reasons == ["4 request errors > allowed 0"]
+    assert [line.split(":")[0] for line in lines] == ["pool vllm-cache", "pool vllm-spec"]
+    assert all("--drift-tolerance" not in line and "path numerics" in line for line in lines)

@@ -45,9 +45,19 @@ def test_cli_fails_the_gate_with_exit_1(fault_run):
 
 def test_cli_passes_with_exit_0_and_threshold_flags(tmp_path):
     run_dir = synthetic_run(tmp_path / "clean", fault=False, intervals=(256,), concurrencies=(1,), soft_sessions=1)
-    proc = render_cli(run_dir, "--max-soft-rate", "0.2")
+    proc = render_cli(run_dir, "--max-soft-rate", "0.2", "--min-coverage", "0")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "PASS: 0 hard mismatches, 0 drift (0/8 requests), 0 errors, 1 soft (12.5%)"
+    # the same records under the default --min-coverage: 1 of 36 cells restored is not evidence enough
+    proc = render_cli(run_dir, "--max-soft-rate", "0.2")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout.splitlines()[:2] == [
+        "INCONCLUSIVE: 0 hard mismatches, 0 drift (0/8 requests), 0 errors, 1 soft (12.5%)",
+        "  - pool i256: 1 of the 36 (verify step, commit length) boundary cells of B=8 were crossed and restored "
+        "(3% < --min-coverage 0.15); use the default frozen suite at more concurrencies, --cover (a scripted drafter "
+        "that walks every cell), or lower --min-coverage"]
+    assert "not exercised: pool i256: 1 of the 36" in (run_dir / "summary.md").read_text().split("**Diagnosis")[0]
+    assert '<header class="verdict inconclusive">' in (run_dir / "report.html").read_text()
 
 
 def test_cli_exits_2_without_records(tmp_path):
@@ -166,7 +176,7 @@ def test_tree_shapes_are_written_and_shown_beside_the_cells(tmp_path):
                for r in pair(ids, out, session_id="fan", turn=n, cached_tokens=cached, t_start=t, e2e=1.0,
                              case={"tree_shapes": DESIGN["fan"]})]
     run_dir = write_run(tmp_path / "run", records)
-    assert render_cli(run_dir).returncode == 0
+    assert render_cli(run_dir).returncode == 3  # INCONCLUSIVE: these turns decode across no boundary
     shapes = pd.read_csv(run_dir / "tree_shapes.csv")
     got = {r["shape"]: (r["requests"], r["designed"], r["designed_reached"]) for r in shapes.to_dict("records")}
     assert got == {"checkpoint": (1, 1, 1), "split": (0, 1, 0), "deeper": (2, 1, 1), "sibling": (0, 0, 0)}

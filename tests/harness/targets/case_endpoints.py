@@ -36,5 +36,5 @@ def case(tmp_path) -> Case:
         workload=((128, 256), 4, "byte"),
         refused=[(["--diagnose"], "--diagnose configures built-in replicas"),
                  (["--candidate-args", "--max-state-slots 12"], "--candidate-args configures built-in replicas"),
-                 (["--calibrate"], "--calibrate needs --engine vllm")],
+                 (["--calibrate"], "--calibrate needs --engine builtin or vllm")],
     )

@@ -45,7 +45,7 @@ def case(tmp_path) -> Case:
     return Case(
         argv=["--engine", "vllm", "--model", str(model), "--vllm-python", make_interpreter(tmp_path / "bin"),
               "--candidate-args", f"--enable-prefix-caching --speculative-config '{SPEC}'", "--concurrency", "4"],
-        pools=["vllm", "reference"],
+        pools=["vllm", "baseline", "reference"],  # a noisy target: its calibration baseline is automatic
         agreeing=agreeing, reported=reported,
         contradicting=[("vllm", cached_off, "pool vllm: asked for prefix caching on, the server reports it off"),
                        ("vllm", {**cached_off, "disable_radix_cache": False, "speculative_algorithm": "NONE"},

@@ -27,6 +27,7 @@ from harness.targets import ENGINES, TARGETS, make_target, target_key
 from harness.targets.base import CONTROLS
 from harness.targets.managed import ManagedTarget
 from harness.workload import WorkloadTarget
+from reports.controls import is_control
 from tests.harness.targets.contract import load_case
 
 KEYS = sorted(TARGETS)
@@ -123,14 +124,19 @@ def test_controls_add_pools_where_offered_and_are_refused_elsewhere(key, control
     _, plain = _plan(case)
     _, plan = _plan(case, *extra)
     names = [p.name for p in plan.candidates]
-    if control == "diagnose":
-        assert len(names) == 3 * len(plain.candidates)  # a speculation-only and a cache-only pool beside each
-        assert {(p.engine.speculative, p.engine.radix_cache) for p in plan.candidates} == \
+    if control == "diagnose":  # a speculation-only and a cache-only pool beside each (controls apart)
+        gated = [p for p in plan.candidates if not is_control(p.name)]
+        assert len(gated) == 3 * len([p for p in plain.candidates if not is_control(p.name)])
+        assert {(p.engine.speculative, p.engine.radix_cache) for p in gated} == \
             {(True, True), (True, False), (False, True)}
-    elif control == "calibrate":
-        assert names == [p.name for p in plain.candidates] + [BASELINE_POOL]
-        baseline = plan.candidates[-1].engine
-        assert not baseline.speculative and not baseline.radix_cache  # the reference's flags, driven as a candidate
+    elif control == "calibrate":  # clean controls beside the candidates (harness/calibrate.py), never gated
+        gated = [p.name for p in plain.candidates if not is_control(p.name)]  # a noisy target calibrates itself
+        assert [n for n in names if not is_control(n)] == gated
+        added = [p for p in plan.candidates if is_control(p.name)]
+        assert added and all(p.engine.fault is None for p in added)
+        for p in added:
+            if p.name == BASELINE_POOL:  # the reference's flags, driven as a candidate
+                assert not p.engine.speculative and not p.engine.radix_cache
     else:
         assert names == [p.name for p in plain.candidates]
 

@@ -1,0 +1,133 @@
+"""Calibration per code path: the control pools a run starts, and the thresholds each pool is gated with."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.calibrate import DRIFT_FLOOR, calibrated_gate, calibrating
+from harness.cli import from_argv
+from harness.config import RunConfig
+from harness.targets.builtin import builtin_plan, server_args
+from reports.gate import GateThresholds
+from tests.harness.helpers import make_sessions
+from tests.reports.factory import pair, prompt, write_run
+
+
+def _plan(**kw):
+    cfg = RunConfig(model_path="random", model_preset="tiny", page_size=16, intervals=(128,), **kw)
+    return cfg, builtin_plan(cfg, make_sessions(2))
+
+
+def test_bf16_calibrates_against_clean_controls_of_each_path():
+    cfg, plan = _plan(dtype="bfloat16", inject_fault="stale-seq-lens")
+    assert calibrating(cfg)
+    names = [p.name for p in plan.candidates]
+    assert names == ["i128", "ctl-i128-spec", "ctl-i128-cache"]
+    engines = {p.name: p.engine for p in plan.candidates}
+    assert engines["i128"].fault == "stale-seq-lens"
+    assert engines["ctl-i128-spec"].fault is None and engines["ctl-i128-cache"].fault is None  # never a fault
+    assert (engines["ctl-i128-spec"].speculative, engines["ctl-i128-spec"].radix_cache) == (True, False)
+    assert (engines["ctl-i128-cache"].speculative, engines["ctl-i128-cache"].radix_cache) == (False, True)
+    for p in (*plan.candidates, plan.reference):  # every pool runs the dtype, and its records say so
+        args = server_args(cfg, p.engine)
+        assert args[args.index("--dtype") + 1] == "bfloat16" and p.engine.record()["args"][:2] == ["--dtype",
+                                                                                                     "bfloat16"]
+    assert "--inject-fault" not in server_args(cfg, engines["ctl-i128-spec"])
+    assert all(len(p.sessions) == 2 for p in plan.candidates)  # the controls serve the candidates' sessions
+
+
+def test_fp32_is_exact_unless_asked():
+    cfg, plan = _plan()
+    assert not calibrating(cfg) and [p.name for p in plan.candidates] == ["i128"]
+    assert "--dtype" not in server_args(cfg, plan.candidates[0].engine) and plan.candidates[0].engine.args == ()
+    cfg, plan = _plan(calibrate=True)
+    assert [p.name for p in plan.candidates] == ["i128", "ctl-i128-spec", "ctl-i128-cache"]
+    cfg, plan = _plan(dtype="bfloat16", baseline_run="runs/last-release")  # the trusted run's records instead
+    assert calibrating(cfg) and [p.name for p in plan.candidates] == ["i128"]
+
+
+def test_candidate_args_take_a_value_that_starts_with_dashes():
+    cfg, explicit = from_argv(["--candidate-args", "--disable-radix-cache", "--intervals", "128"], {})
+    assert cfg.candidate_args == ("--disable-radix-cache",) and cfg.intervals == (128,)
+    cfg, _ = from_argv(["--candidate-args", "--drafter-mode scripted --scripted-accept 0"], {})
+    assert cfg.candidate_args == ("--drafter-mode", "scripted", "--scripted-accept", "0")
+
+
+def _pool(pool: str, drift: float, n: int = 3, *, radix: bool = True, speculative: bool = True) -> list[dict]:
+    recs = []
+    for s in range(n):
+        c, ref = pair(prompt(40, seed=s), [100] * 8, pool=pool, interval=128, session_id=f"{pool}-{s}")
+        c["output_logprobs"] = [-0.25 - drift * (s + 1) / n] * 8
+        c["engine"].update(radix_cache=radix, speculative=speculative)
+        recs += [c, ref]
+    return recs
+
+
+def _run(tmp_path, name, pools):
+    recs = [r for p in pools for r in p]
+    seen, unique = set(), []
+    for r in recs:
+        if r["key"] not in seen:
+            seen.add(r["key"])
+            unique.append(r)
+    return write_run(tmp_path / name, unique, {"run_id": name})
+
+
+def test_each_pool_takes_the_tolerance_of_the_controls_on_its_path(tmp_path):
+    run = _run(tmp_path, "r", [_pool("i128", 0.3), _pool("i128-spec", 0.0, radix=False),
+                               _pool("ctl-i128-spec", 0.02, radix=False), _pool("ctl-i128-cache", 0.01,
+                                                                                  speculative=False)])
+    gate, per_pool = calibrated_gate(run, GateThresholds(), tolerance_given=False)
+    assert per_pool["i128"][1] == pytest.approx(4 * 0.02)  # both path controls: the larger drift
+    assert per_pool["i128-spec"][1] == pytest.approx(4 * 0.02)  # the speculation-only control
+    assert gate.drift_tolerance == pytest.approx(0.08)
+    cal = json.loads((run / "config.json").read_text())["calibration"]
+    assert cal["per_pool"]["i128"]["controls"] == ["ctl-i128-spec", "ctl-i128-cache"]
+    assert cal["controls"] == ["ctl-i128-cache", "ctl-i128-spec"] and cal["uncalibrated"] == []
+    assert cal["text"].startswith("clean ctl-i128-spec + ctl-i128-cache (the controls sharing its code paths, "
+                                  "6 requests vs the reference): max drift 0.02")
+    assert cal["per_pool"]["i128"]["restore_tolerance"] is None  # no control restored anything
+
+
+def test_the_restore_tolerance_is_the_cache_controls_first_token_drift_of_restored_turns(tmp_path):
+    restored = _pool("ctl-i128-cache", 0.01, speculative=False)
+    for r in restored:
+        if r["role"] == "candidate":
+            r["cached_tokens"] = 32
+            r["output_logprobs"][0] = -0.25 - 0.002
+    run = _run(tmp_path, "r", [_pool("i128", 0.3), _pool("ctl-i128-spec", 0.02, radix=False), restored])
+    calibrated_gate(run, GateThresholds(), tolerance_given=False)
+    cal = json.loads((run / "config.json").read_text())["calibration"]
+    assert cal["per_pool"]["i128"]["restore_tolerance"] == pytest.approx(4 * 0.002)
+    assert "restore tolerance 0.008 (first output token of a restored turn)" in cal["text"]
+
+
+def test_a_trusted_run_calibrates_each_pool_by_its_own_name(tmp_path):
+    trusted = _run(tmp_path, "release", [_pool("i128", 0.005)])
+    run = _run(tmp_path, "change", [_pool("i128", 0.3), _pool("i256", 0.0)])
+    gate, per_pool = calibrated_gate(run, GateThresholds(), False, baseline_run=str(trusted))
+    assert per_pool == {"i128": (0.5, pytest.approx(0.02))}
+    cal = json.loads((run / "config.json").read_text())["calibration"]
+    assert cal["uncalibrated"] == ["i256"] and cal["baseline_run"] == str(trusted)
+    assert cal["text"].startswith(f"from the trusted run {trusted}: clean i128 (the controls sharing its code paths")
+
+
+def test_without_controls_the_configured_thresholds_stay(tmp_path):
+    run = _run(tmp_path, "r", [_pool("i128", 0.3)])
+    gate, per_pool = calibrated_gate(run, GateThresholds(), False)
+    assert gate == GateThresholds() and per_pool == {} and DRIFT_FLOOR == 1e-4
+    assert json.loads((run / "config.json").read_text())["calibration"]["uncalibrated"] == ["i128"]
+
+
+def test_the_soft_flip_rate_follows_the_controls_numerics_flips(tmp_path):
+    spec = _pool("ctl-i128-spec", 0.0, n=4, radix=False)
+    spec[0]["output_ids"] = [100] * 7 + [101]  # a near-tie flip of the control's first request (ref margin 0.1)
+    spec[0]["output_top_logprobs"][7] = [[-0.25, 101], [-0.25, 100]]
+    spec[1]["output_top_logprobs"][7] = [[-0.25, 100], [-0.35, 101]]  # its reference: margin 0.1 there
+    run = _run(tmp_path, "r", [_pool("i128", 0.0), spec, _pool("ctl-i128-cache", 0.0, n=4, speculative=False)])
+    gate, _ = calibrated_gate(run, GateThresholds(max_soft_rate=0.02), tolerance_given=False)
+    assert gate.max_soft_rate == pytest.approx(2 * 1 / 8)  # 1 flip in the 8 control requests, doubled
+    assert "soft-flip rate allowed 25.0% (2x the controls' flip rate)" in json.loads(
+        (run / "config.json").read_text())["calibration"]["text"]

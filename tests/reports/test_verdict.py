@@ -1,0 +1,170 @@
+"""INCONCLUSIVE (a run that did not exercise what it gates), path numerics, and the verdict's exit statuses."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from reports.analyze import analyze
+from reports.controls import controls_of, is_control, path_numerics
+from reports.exercised import unexercised
+from reports.gate import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_PASS, GateThresholds, evaluate
+from reports.render import judge
+from tests.reports.factory import pair, prompt, spec_trace
+
+
+def _frame(records: list[dict]) -> tuple[pd.DataFrame, dict]:
+    cands = [r for r in records if r["role"] == "candidate"]
+    df = analyze(cands, {r["input_hash"]: r for r in records if r["role"] == "reference"})
+    return df, {r["key"]: r for r in cands}
+
+
+def _session(pool: str, s: int, *, radix: bool = True, speculative: bool = True, commits=(3, 2, 4),
+             restore: bool = True, interval: int = 128) -> list[dict]:
+    """Turn 0 decodes across `interval` (prompt interval - 2); turn 1 restores it (with `restore`)."""
+    engine = {"speculative": speculative, "radix_cache": radix}
+    p0, out0 = prompt(interval - 2, seed=s), [100 + j % 20 for j in range(16)]
+    trace0 = spec_trace(len(p0), 16, list(commits), interval, False) if speculative else None
+    p1 = p0 + out0 + prompt(8, seed=9)
+    trace1 = spec_trace(len(p1), 12, list(commits), interval, False) if speculative else None
+    recs = pair(p0, out0, pool=pool, interval=interval, session_id=f"{pool}-{s}", spec_trace=trace0)
+    recs += pair(p1, [120 + j % 7 for j in range(12)], pool=pool, interval=interval, session_id=f"{pool}-{s}",
+                 turn=1, cached_tokens=interval if restore else 0, spec_trace=trace1)
+    for r in recs:
+        if r["role"] == "candidate":
+            r["engine"].update(engine)
+            if not speculative:
+                r["spec_verify_ct"], r["spec_accept_length"] = None, None
+    return recs
+
+
+def test_a_caching_pool_that_restored_nothing_is_inconclusive():
+    df, records = _frame(_session("i128", 0, restore=False) + _session("i128", 1, restore=False))
+    found = unexercised(df, records, min_coverage=0.0)
+    assert [(u.pool, u.check) for u in found] == [("i128", "restore")]
+    assert found[0].text().startswith("pool i128: the radix cache restored no checkpoint in 4 answered requests")
+    assert "--disable-radix-cache" in found[0].text()
+    verdict = evaluate(df, GateThresholds(), [u.text() for u in found])
+    assert (verdict.word, verdict.exit_code, verdict.passed) == ("INCONCLUSIVE", EXIT_INCONCLUSIVE, False)
+    assert verdict.headline.startswith("INCONCLUSIVE: 0 hard mismatches, 0 drift (0/4 requests)")
+
+
+def test_a_drafter_that_never_agrees_is_inconclusive():
+    """Every verify step commits only its bonus token: no draft accepted (boundaries are still crossed)."""
+    df, records = _frame(_session("i128", 0, commits=(1,)) + _session("i128", 1, commits=(1,)))
+    checks = [u.check for u in unexercised(df, records, min_coverage=0.0)]
+    assert checks == ["acceptance"]
+
+
+def test_acceptance_from_the_counters_without_spec_trace():
+    recs = _session("i128", 0) + _session("i128", 1)
+    for r in recs:
+        if r["role"] == "candidate":
+            r["spec_trace"] = None
+            r["spec_verify_ct"] = r["completion_tokens"] - 1  # one token per verify step after the prefill's
+    df, records = _frame(recs)
+    assert [u.check for u in unexercised(df, records, 0.0)] == ["acceptance"]
+    for r in recs:
+        if r["role"] == "candidate":
+            r["spec_verify_ct"] = 4
+    df, records = _frame(recs)
+    assert unexercised(df, records, 0.0) == []
+
+
+def test_no_boundary_crossed_inside_a_verify_step_is_inconclusive():
+    recs = []
+    for s in range(2):  # prompts far below the boundary: 16 + 12 tokens never reach 128
+        p0 = prompt(40, seed=s)
+        recs += pair(p0, [100] * 16, pool="i128", interval=128, session_id=f"s{s}",
+                     spec_trace=spec_trace(40, 16, [3], 128, False))
+    df, records = _frame(recs)
+    found = unexercised(df, records, 0.0)
+    assert [u.check for u in found] == ["restore", "verify-crossing"]
+    assert "(from spec_trace)" in found[1].what
+
+
+def test_coverage_below_min_coverage_is_inconclusive_and_above_it_passes():
+    df, records = _frame(_session("i128", 0) + _session("i128", 1))
+    restored_cells = 1  # turn 1 restored the checkpoint turn 0's verify step crossed: one (step, commit) cell
+    share = restored_cells / 36
+    found = unexercised(df, records, min_coverage=share + 0.01)
+    assert [u.check for u in found] == ["coverage"]
+    assert found[0].what.startswith("1 of the 36 (verify step, commit length) boundary cells of B=8 were crossed "
+                                    "and restored (3% < --min-coverage")
+    assert unexercised(df, records, min_coverage=share) == []
+
+
+def test_a_fail_takes_precedence_over_inconclusive():
+    df = pd.DataFrame({"class": ["hard", "exact"]})
+    verdict = evaluate(df, GateThresholds(), ["pool x: nothing restored; change y"])
+    assert (verdict.word, verdict.exit_code) == ("FAIL", EXIT_GATE_FAILED)
+    assert (evaluate(df.iloc[1:], GateThresholds()).exit_code, EXIT_PASS) == (0, 0)
+
+
+def test_controls_share_the_candidates_code_paths():
+    present = {"ctl-i128-spec", "ctl-i128-cache", "baseline"}
+    assert controls_of("i128", "full", 128, present) == ["ctl-i128-spec", "ctl-i128-cache"]
+    assert controls_of("i128-spec", "spec_only", 128, present) == ["ctl-i128-spec"]
+    assert controls_of("i256", "full", 256, present) == ["baseline"]  # no path control there
+    assert controls_of("vllm", "full", None, {"baseline"}) == ["baseline"]
+    assert controls_of("vllm", "full", None, set()) == []
+    assert [is_control(p) for p in ("baseline", "ctl-i128-spec", "i128", "i128-spec")] == [True, True, False, False]
+
+
+@pytest.mark.parametrize("onset, restored, own_max, expected", [
+    (0, False, None, True),  # nothing restored, drift from the prefill's token: path numerics
+    (3, False, None, False),  # drift that starts after verify steps ran: judged
+    (0, True, 0.5, True),  # a restored turn within its pool's own unrestored path numerics
+    (0, True, 0.1, False),  # a restored turn beyond them: the restore's effect
+    (0, True, None, False),  # a restored turn in a pool without path numerics
+])
+def test_path_numerics(onset, restored, own_max, expected):
+    rows = [{"pool": "p", "class": "drift", "drift_onset": onset, "restored": restored, "drift": 0.3}]
+    if own_max is not None:
+        rows.append({"pool": "p", "class": "drift", "drift_onset": 0, "restored": False, "drift": own_max})
+    assert bool(path_numerics(pd.DataFrame(rows)).iloc[0]) is expected
+
+
+def test_judge_excludes_controls_and_reports_path_numerics_only_when_calibrated():
+    recs = []
+    for s in range(2):  # a pool whose turns restore nothing and drift from their first output token
+        p = prompt(126, seed=s)
+        c, ref = pair(p, [100] * 16, pool="i128-spec", interval=128, session_id=f"s{s}",
+                      spec_trace=spec_trace(126, 16, [3, 2, 4], 128, False))
+        c["output_logprobs"] = [-0.75] * 16
+        c["engine"]["radix_cache"] = False
+        recs += [c, ref]
+    ctl = pair(prompt(126, seed=7), [100] * 16, pool="ctl-i128-spec", interval=128, session_id="c",
+               spec_trace=spec_trace(126, 16, [3, 2, 4], 128, False))
+    ctl[0]["output_logprobs"] = [-0.25 - 2.0] * 16  # a control is never gated, however it drifts
+    df, records = _frame(recs + ctl)
+    verdict, lines, _ = judge(df, records, GateThresholds(min_coverage=0.0), calibrated=True,
+                           per_pool={"i128-spec": (0.5, 0.01)})
+    assert (verdict.requests, verdict.drift, verdict.path_numerics, verdict.word) == (2, 0, 2, "INCONCLUSIVE")
+    assert lines == ["pool i128-spec: 2 request(s) drift from their first output token, before any verify step "
+                     "(drift up to 0.5 > the calibrated tolerance 0.01; 2 restored nothing; 10 verify steps in "
+                     "them): path numerics of this configuration's prefill, which its controls do not share; not "
+                     "judged. Calibrate against this configuration's own path: --baseline-run a trusted run of it"]
+    fp32, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), calibrated=False, per_pool=None)
+    assert (fp32.drift, fp32.path_numerics, fp32.word) == (2, 0, "FAIL")
+
+
+def test_a_restore_that_moves_the_first_token_is_drift_under_a_loose_turn_tolerance():
+    """bf16: verify numerics move whole turns by 0.17, so the pool's tolerance is ~0.7; the first output token of a
+    restored turn moves <= 0.006 through a split prefill; a restore that moves it past its tolerance is drift."""
+    recs = []
+    for s, first in enumerate((0.004, 0.05)):
+        c, ref = pair(prompt(140, seed=s), [100] * 8, pool="i128", interval=128, session_id=f"s{s}",
+                      cached_tokens=128, spec_trace=spec_trace(140, 8, [3, 2, 4], 128, False))
+        c["output_logprobs"] = [-0.25 - first] + [-0.25 - 0.3] * 7  # 0.3 later on: verify numerics
+        recs += [c, ref]
+    df, records = _frame(recs)
+    refs = {r["input_hash"]: r for r in recs if r["role"] == "reference"}
+    per_pool = {"i128": (0.5, 0.7)}
+    df = analyze([r for r in recs if r["role"] == "candidate"], refs, per_pool=per_pool)
+    verdict, _, judged = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, refs, {"i128": 0.015})
+    assert list(judged["class"]) == ["exact", "drift"]
+    assert judged["detail"].iloc[1] == "first output token moved at the restore"
+    assert (verdict.drift, verdict.word) == (1, "FAIL")
+    plain, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, refs, {})
+    assert (plain.drift, plain.reasons) == (0, [])  # without a restore tolerance it passes every threshold
