@@ -11,6 +11,7 @@ from pathlib import Path
 
 from reports.html_base import CSS, esc, plot_img
 from reports.html_cases import case_card, worst_cases
+from reports.html_latency import latency_section
 from reports.html_sections import (
     boundaries_section,
     coverage_section,
@@ -24,7 +25,7 @@ from reports.incidents import incidents_html
 from reports.results import RunResults
 
 # figures drawn inside their own section rather than in the plots gallery
-SECTION_PLOTS = ("drift_floor", "coverage")
+SECTION_PLOTS = ("drift_floor", "coverage", "latency_load")
 
 
 def _plot(results: RunResults, name: str) -> str:
@@ -48,7 +49,7 @@ def render_html(results: RunResults) -> str:
         parts.append(f"<h2>Calibration</h2><p>{html.escape(r.config['calibration']['text'])}.</p>")
     parts += [floor_section(r.floor, _plot(r, "drift_floor")), boundaries_section(r.boundaries),
               coverage_section(r.coverage, _plot(r, "coverage"), r.tree_shapes), sweep_section(r.configs),
-              "<h2>Plots</h2>"]
+              latency_section(r.configs, _plot(r, "latency_load")), "<h2>Plots</h2>"]
     for name, path in r.plots.items():
         if name not in SECTION_PLOTS:
             parts.append(plot_img(Path(path), name.replace("_", " ")))
