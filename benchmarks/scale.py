@@ -70,7 +70,7 @@ def _hwm(args: list[str]) -> int:
         elif args[0] == "_driver":
             _driver(int(args[1]), int(args[2]), Path(args[3]), args[4:])
         else:
-            {"_resume": _resume, "_index": _index, "_scan": _scan}[args[0]](*args[1:])
+            {"_resume": _resume, "_index": _index, "_scan": _scan, "_analyze": _analyze}[args[0]](*args[1:])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     sys.stdout.flush()
@@ -133,17 +133,21 @@ def measure_size(args, templates, positions, config, stats, n: int, tokens: int,
         row["records"] = f"~{fmt_mb(want_disk)}, {bpt:.1f} B/token (extrapolated: {why})"
         print(f"{label}: records {row['records']}", flush=True)
     for what, argv in (("render", ["-m", "reports.render", str(run_dir)]),
+                       ("analyze", ["_analyze", str(run_dir)]),
                        ("resume", ["_resume", str(run_dir)]),
                        ("index", ["_index", str(run_dir)]),
                        ("scan", ["_scan", str(run_dir)])):
-        if what in ("index", "scan") and not has_index():
+        if what in ("index", "scan") and not has_index() or what == "analyze" and not has_streamed():
+            continue
+        if what == "render" and args.no_render:
             continue
         row[what] = run_child(what, argv, f"{what}/{key}", n, pred, args, built)
         print(f"  {what:7s} {row[what]}", flush=True)
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
-    row["driver"] = driver_figure(args, n, tokens, key, pred)
-    print(f"  driver  {row['driver']}", flush=True)
+    if not args.no_driver:
+        row["driver"] = driver_figure(args, n, tokens, key, pred)
+        print(f"  driver  {row['driver']}", flush=True)
     return row
 
 
@@ -181,6 +185,24 @@ def has_index() -> bool:
     except ImportError:
         return False
     return True
+
+
+def has_streamed() -> bool:
+    try:
+        from reports.analyze_run import analyze_run  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _analyze(run_dir: str) -> None:
+    """The streamed analyzer (reports/analyze_run.py) and junit.xml from its frame."""
+    from reports.analyze_run import analyze_run
+    from reports.junit import junit_tree
+
+    got = analyze_run(run_dir)
+    assert len(got.df)
+    junit_tree(got.df)
 
 
 def _resume(run_dir: str) -> None:
@@ -253,6 +275,9 @@ def main() -> None:
     p.add_argument("--tokens", default="0,1000", help="output tokens per request (0: the sources' own)")
     p.add_argument("--work", type=Path, default=Path("/tmp/scale-work"), help="where run directories are made")
     p.add_argument("--keep", action="store_true", help="keep each synthesized run directory")
+    p.add_argument("--no-render", action="store_true", help="skip `python -m reports.render` (its figures are "
+                   "the analyzer's and the other outputs')")
+    p.add_argument("--no-driver", action="store_true", help="skip the driver figure")
     p.add_argument("--max-rss-gb", type=float, default=8.0)
     p.add_argument("--max-disk-gb", type=float, default=12.0)
     p.add_argument("--max-cpu-s", type=float, default=1500.0)
@@ -275,7 +300,7 @@ def main() -> None:
     for tokens in [int(t) for t in args.tokens.split(",")]:
         for n in sorted(int(s) for s in args.sizes.split(",")):
             rows.append(measure_size(args, templates, positions, config, stats, n, tokens, pred))
-    cols = ["size", "records", "render", "resume", "index", "scan", "driver"]
+    cols = ["size", "records", "render", "analyze", "resume", "index", "scan", "driver"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:

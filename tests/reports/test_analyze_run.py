@@ -113,3 +113,24 @@ def test_later_turns_linked_through_stored_prompts_and_a_branch_off_the_history(
     got = same(tmp_path / "run")
     assert list(got.df["restored_link"].fillna("-")) == ["-", "verify", "none", "none"]  # 3 left 2's path
     assert json.loads(json.dumps(got.df["crossings"].iloc[0]))[0]["boundary"] == 256
+
+
+def test_junit_from_the_frame_without_dicts_writes_what_the_dict_grouping_wrote(tmp_path, monkeypatch):
+    import xml.etree.ElementTree as ET
+
+    from reports import junit
+
+    def dict_points(df):  # reports/junit.py before: every row through to_dict
+        points: dict = {}
+        for r in df.to_dict("records") if len(df) else []:
+            sessions = points.setdefault(junit.sweep_point(r["pool"], r["concurrency"]), {})
+            sessions.setdefault(str(r["session_id"]), []).append(r)
+        return points
+
+    run_dir = synthetic_run(tmp_path / "run", fault=True, soft_sessions=2)
+    df = analyze_run(run_dir).df
+    df.loc[3, "class"], df.loc[3, "e2e"] = "error", float("nan")
+    got = ET.tostring(junit.junit_tree(df, "r").getroot())
+    monkeypatch.setattr(junit, "_points", dict_points)
+    assert got == ET.tostring(junit.junit_tree(df, "r").getroot())
+    assert b"soft flip" in got and b"failure" in got
