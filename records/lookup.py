@@ -114,12 +114,19 @@ class RowStore:
             order.setdefault((s, g), []).append(n)
         pieces, positions = [], []
         for (s, g), ns in order.items():
-            pieces.append(self._group(s, g, cols).take(pa.array([wheres[n][2] for n in ns], pa.int64())))
+            rows = np.array([wheres[n][2] for n in ns], dtype=np.int64)
+            group = self._group(s, g, cols)
+            if len(rows) and (np.diff(rows) == 1).all():  # a run of consecutive rows: a zero-copy slice
+                pieces.append(group.slice(int(rows[0]), len(rows)))
+            else:
+                pieces.append(group.take(pa.array(rows)))
             positions += ns
         table = pa.concat_tables(pieces) if len(pieces) > 1 else pieces[0]
-        inverse = np.empty(len(positions), dtype=np.int64)
-        inverse[np.array(positions)] = np.arange(len(positions))
-        return table.take(pa.array(inverse)).combine_chunks()
+        if positions != sorted(positions):
+            inverse = np.empty(len(positions), dtype=np.int64)
+            inverse[np.array(positions)] = np.arange(len(positions))
+            table = table.take(pa.array(inverse))
+        return table.combine_chunks()
 
     def prompt_index(self) -> dict[str, Where]:
         """input_hash -> where its stored prompt is (a later prompt file wins, as RunReader.prompt reads them)."""

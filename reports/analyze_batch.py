@@ -63,6 +63,8 @@ def _references(tb, recs, index, store):
     if found.num_rows == 0:
         schema = pa.schema([REQUEST_SCHEMA.field(c) for c in REF_TOKENS])
         return pa.table({c: pa.nulls(len(recs), schema.field(c).type) for c in REF_TOKENS}), has_ref
+    if has_ref.all():
+        return found, has_ref
     return found.take(pa.array(pos, pa.int64())).combine_chunks(), has_ref
 
 

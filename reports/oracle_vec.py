@@ -73,6 +73,14 @@ class Side:
         top_id = np.full((positions, k), pad, dtype=np.int64)
         if positions != len(v_len) or not (np.array_equal(q_start, v_start) and np.array_equal(q_len, v_len)):
             irregular |= t_len > 0  # top-k ids and log-probs of different shapes: the record oracle decides
+        elif positions and _packed(q_start, q_len, k):  # every list k long, back to back: a reshape
+            base = int(q_start[0])
+            top_lp = q_vals.slice(base, positions * k).to_numpy(zero_copy_only=False).astype(np.float64)
+            top_lp = top_lp.reshape(positions, k)
+            top_id = v_vals.slice(base, positions * k).to_numpy(zero_copy_only=False).astype(np.int64)
+            top_id = top_id.reshape(positions, k)
+            bad = _duplicates(top_id, pad) | ~np.isfinite(top_lp).all(axis=1)
+            irregular |= _rows_with(bad, t_start, t_len, n)
         elif positions:
             qv = q_vals.to_numpy(zero_copy_only=False).astype(np.float64)
             vv = v_vals.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -87,6 +95,11 @@ class Side:
             bad[pos[~np.isfinite(qv[flat])]] = True
             irregular |= _rows_with(bad, t_start, t_len, n)
         return cls(ids, i_start, i_len, lp, l_start, l_len, t_start, t_len, top_lp, top_id, irregular)
+
+
+def _packed(start: np.ndarray, length: np.ndarray, k: int) -> bool:
+    """Every list has k entries and each starts where the one before it ends."""
+    return bool((length == k).all() and (start[-1] - start[0] == k * (len(start) - 1)))
 
 
 def _duplicates(top_id: np.ndarray, pad: int) -> np.ndarray:

@@ -55,13 +55,13 @@ def _side(rng: random.Random, base: list[int], k: int, odd: bool) -> dict:
     return rec
 
 
-def _pairs(seed: int, n: int, odd: float) -> list[tuple[dict, dict | None]]:
+def _pairs(seed: int, n: int, odd: float, k: int | None = None) -> list[tuple[dict, dict | None]]:
     rng = random.Random(seed)
     pairs = []
     for _ in range(n):
         base = [rng.randrange(8) for _ in range(rng.randrange(0, 12))]
-        k = rng.choice([0, 1, 2, 2, 2, 3])
-        cand, ref = _side(rng, base, k, rng.random() < odd), _side(rng, base, k, rng.random() < odd)
+        width = k if k is not None else rng.choice([0, 1, 2, 2, 2, 3])
+        cand, ref = _side(rng, base, width, rng.random() < odd), _side(rng, base, width, rng.random() < odd)
         # near-equal log-probs, so that drift is sometimes within the tolerance
         if rng.random() < 0.5 and "output_logprobs" in ref:
             cand["output_logprobs"] = [float(F32(x + rng.choice([0.0, 1e-4, 1e-2]))) for x in ref["output_logprobs"]]
@@ -103,9 +103,9 @@ def _vector(pairs, threshold=0.5, tolerance=1e-3):
     return out, fell_back
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_regular_pairs_are_classified_by_the_arrays_exactly_as_by_the_record_oracle(seed):
-    pairs = _pairs(seed, 400, odd=0.0)
+@pytest.mark.parametrize("seed,k", [(s, k) for s in range(4) for k in (None, 2)])
+def test_regular_pairs_are_classified_by_the_arrays_exactly_as_by_the_record_oracle(seed, k):
+    pairs = _pairs(seed, 400, odd=0.0, k=k)  # k=2 everywhere: top-k lists packed back to back (a reshape)
     got, fell_back = _vector(pairs)
     want = [classify(c, r, 0.5, 1e-3) for c, r in pairs]
     assert got == want
@@ -113,9 +113,9 @@ def test_regular_pairs_are_classified_by_the_arrays_exactly_as_by_the_record_ora
     assert {c.cls for c in want} == {"exact", "drift", "soft", "hard", "error"}  # every class is exercised
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_odd_pairs_fall_back_to_the_record_oracle_and_agree(seed):
-    pairs = _pairs(100 + seed, 300, odd=0.3)
+@pytest.mark.parametrize("seed,k", [(s, k) for s in range(3) for k in (None, 2)])
+def test_odd_pairs_fall_back_to_the_record_oracle_and_agree(seed, k):
+    pairs = _pairs(100 + seed, 300, odd=0.3, k=k)
     got, fell_back = _vector(pairs, threshold=0.3, tolerance=1e-4)
     assert got == [classify(c, r, 0.3, 1e-4) for c, r in pairs]
     assert 0 < len(fell_back) < len(pairs)
