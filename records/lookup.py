@@ -30,7 +30,7 @@ Where = tuple[int, int, int]  # (source, row group, row)
 class RowStore:
     """Request rows of one run directory by location, with a byte-bounded cache of row groups."""
 
-    def __init__(self, reader: RunReader, budget: int = 256 << 20) -> None:
+    def __init__(self, reader: RunReader, budget: int = 64 << 20) -> None:
         self.reader = reader
         self.budget = budget
         self.sources: list[Path] = []  # parquet files rows are read back from (parts, spills, prompt files)
@@ -38,6 +38,7 @@ class RowStore:
         self._cache: OrderedDict[tuple, pa.Table] = OrderedDict()
         self._cached = 0
         self._spill: tempfile.TemporaryDirectory | None = None
+        self._files: dict[int, pq.ParquetFile] = {}  # open sources (a part's footer is parsed once)
 
     def _source(self, path: Path) -> int:
         if path not in self._ids:
@@ -96,7 +97,10 @@ class RowStore:
         if table is not None:
             self._cache.move_to_end(key)
             return table
-        table = pq.ParquetFile(self.sources[s]).read_row_group(g, columns=list(columns))
+        pf = self._files.get(s)
+        if pf is None:
+            pf = self._files[s] = pq.ParquetFile(self.sources[s])
+        table = pf.read_row_group(g, columns=list(columns))
         self._cache[key] = table
         self._cached += table.nbytes
         while self._cached > self.budget and len(self._cache) > 1:
@@ -147,6 +151,7 @@ class RowStore:
     def close(self) -> None:
         """Drop the cache and remove spilled journals."""
         self._cache.clear()
+        self._files.clear()
         self._cached = 0
         if self._spill is not None:
             self._spill.cleanup()

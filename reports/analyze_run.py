@@ -50,6 +50,19 @@ class AnalyzedRun:
     references: int = 0  # distinct reference input hashes
 
 
+_PARSED: dict[str, object] = {}  # JSON text -> its value: engine settings and case metadata repeat
+
+
+def _json(text: str):
+    """The parsed JSON text, shared between rows with equal text (read only: row_of only reads them)."""
+    value = _PARSED.get(text)
+    if value is None:
+        if len(_PARSED) > 100_000:
+            _PARSED.clear()
+        value = _PARSED[text] = json.loads(text)
+    return value
+
+
 def _scalars(data: dict[str, list], i: int) -> dict:
     """Row i's fields as the record dict has them (JSON fields parsed, `_extra` put back, absent ones left out)."""
     rec = {}
@@ -61,7 +74,7 @@ def _scalars(data: dict[str, list], i: int) -> dict:
         if name in extra:
             rec[name] = extra[name]
         elif FIELDS.get(name) == "json":
-            rec[name] = json.loads(col[i])
+            rec[name] = _json(col[i])
         else:
             rec[name] = col[i]
     rec["_extra_keys"] = frozenset(extra) & (ORACLE_FIELDS | {"input_ids", "spec_trace"})
@@ -76,9 +89,11 @@ class _Index:
         self.refs: dict[str, tuple] = {}
         self.seen: set = set()
         self.stems = [s for s in reader.stems() if L.is_request_stem(s)]
+        self.has_candidates = dict.fromkeys(self.stems, False)
         for stem in self.stems:
             for batch, s, g, rows in store.scan(stem, SCALARS, self.seen, spill_role="reference"):
                 data = batch.to_pydict()
+                self.has_candidates[stem] |= "candidate" in data["role"]
                 for i, role in enumerate(data["role"]):
                     if role == "candidate":
                         self.cands.append(_scalars(data, i))
@@ -101,7 +116,7 @@ class _Index:
 
 
 def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolerance: float = DRIFT_TOLERANCE,
-                per_pool: Mapping[str, tuple[float, float]] | None = None, budget: int = 256 << 20) -> AnalyzedRun:
+                per_pool: Mapping[str, tuple[float, float]] | None = None, budget: int = 64 << 20) -> AnalyzedRun:
     """The requests frame of `run_dir` (equal to reports.analyze.analyze over load_run's records), streamed;
     `per_pool` as in analyze; `budget`: bytes of reference and prompt row groups kept for reuse."""
     per_pool = per_pool or {}
@@ -119,6 +134,10 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         quiet = RunReader(run_dir)  # the token pass reads again: its warnings are the index pass's
         tstore = RowStore(quiet, 0)
         for stem in index.stems:
+            if not index.has_candidates[stem]:  # its keys only, so that `seen` drops what the index pass dropped
+                for _ in quiet.batches(stem, ["key"], seen):
+                    pass
+                continue
             for batch, _, _, _ in tstore.scan(stem, TOKENS, seen):
                 roles = batch.column("role").to_pylist()
                 mine = np.array([r == "candidate" for r in roles], dtype=bool)

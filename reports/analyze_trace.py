@@ -27,7 +27,8 @@ def crossings_of(trace: pa.Array, intervals: list[int | None]) -> list[list[Cros
         return out
     s_start, s_len, steps = _list(trace)  # rows -> verify steps
     v_start, v_len, values = _list(steps)  # steps -> [pre_len, commit_len, tracked_step]
-    vals = pc.fill_null(values, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    vals = (pc.fill_null(values, 0) if values.null_count else values).to_numpy(zero_copy_only=False)
+    vals = vals.astype(np.int64)
     nulls = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else np.zeros(len(vals), bool)
     interval = np.array([i if i else 0 for i in intervals], dtype=np.int64)
     rows = np.repeat(np.arange(n), s_len)
