@@ -106,7 +106,7 @@ def _offset(pos: int | None, interval: int | None) -> int | None:
     return nearest_boundary_offset(pos, interval) if pos is not None and interval else None
 
 
-def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tuple[dict, list[Crossing]]:
+def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> dict:
     interval = record_interval(cand)
     c = classify(cand, ref, threshold, tolerance)
     input_len = int(cand.get("input_len") or len(cand.get("input_ids") or []))
@@ -119,13 +119,14 @@ def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tu
     else:
         crossings, source = inferred_crossings(input_len, output_len, interval), "inferred"
     ref_len = len(ref.get("output_ids") or []) if ref is not None else None
-    return row_of(cand, c, interval, input_len, output_len, ref_len, crossings, source), crossings
+    return row_of(cand, c, interval, input_len, output_len, ref_len, [crossing_dict(x) for x in crossings], source)
 
 
 def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, output_len: int,
-           ref_output_len: int | None, crossings: list[Crossing], source: str) -> dict:
+           ref_output_len: int | None, crossings: list[dict], source: str) -> dict:
     """The requests-frame row of a candidate (its scalar fields in `cand`), given what its token lists gave:
-    its classification, lengths and crossings (`source`: reported, inferred or none)."""
+    its classification, lengths and crossings (as crossing_dict gives them; `source`: reported, inferred or
+    none)."""
     engine = cand.get("engine") or {}
     cached = int(cand.get("cached_tokens") or 0)
     div_pos = input_len + c.first_divergence if c.first_divergence is not None else None
@@ -149,10 +150,10 @@ def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, 
         "ref_token": c.ref_token, "cached_tokens": cached, "restored": cached > 0,
         "restored_offset": input_len - cached if cached > 0 else None,
         "prompt_offset": _offset(input_len, interval),
-        "crossing_source": source, "crossed_boundaries": " ".join(str(x.boundary) for x in crossings),
+        "crossing_source": source, "crossed_boundaries": " ".join(str(x["boundary"]) for x in crossings),
         "n_crossings": len(crossings),
-        "n_untracked_crossings": sum(1 for x in crossings if x.tracked_agrees is False),
-        "crossings": [_crossing_dict(x) for x in crossings],
+        "n_untracked_crossings": sum(1 for x in crossings if x["tracked_agrees"] is False),
+        "crossings": crossings,
         "restored_link": None, "restored_verify_crossed": False, "restored_crossing_step": None,
         "restored_crossing_commit_len": None, "restored_crossing_tracked": None,
         "spec_verify_ct": cand.get("spec_verify_ct"), "spec_accept_length": cand.get("spec_accept_length"),
@@ -163,7 +164,7 @@ def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, 
     }
 
 
-def _crossing_dict(x: Crossing) -> dict:
+def crossing_dict(x: Crossing) -> dict:
     """`asdict(x)` without its deep copy (a Crossing holds only scalars)."""
     return {"boundary": x.boundary, "source": x.source, "pre_len": x.pre_len, "commit_len": x.commit_len,
             "step": x.step, "tracked": x.tracked, "tracked_agrees": x.tracked_agrees}
@@ -184,7 +185,7 @@ def seqs_on_path(seqs: list[tuple]) -> OnPath:
     return on_path
 
 
-def link_restored_checkpoints(cols: dict[str, list], crossings: list[list[Crossing]], on_path: OnPath) -> None:
+def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
     """Link each turn that restored `cached_tokens = b` to the previous turn's crossing of b (same session and
     sweep point): that is the #37817 signature, a checkpoint saved (or not) by the verify tracking path, then
     restored by the next turn. When the previous turn restored b itself on the same path (a later turn that
@@ -223,15 +224,15 @@ def link_restored_checkpoints(cols: dict[str, list], crossings: list[list[Crossi
         if not on_path(i, prev, cached):
             cols["restored_link"][i] = "none"
             continue
-        for x in crossings[prev]:
-            if x.boundary != cached:
+        for x in cols["crossings"][prev]:
+            if x["boundary"] != cached:
                 continue
-            if x.source == "reported":
+            if x["source"] == "reported":
                 cols["restored_link"][i] = "verify"
                 cols["restored_verify_crossed"][i] = True
-                cols["restored_crossing_step"][i] = x.step
-                cols["restored_crossing_commit_len"][i] = x.commit_len
-                cols["restored_crossing_tracked"][i] = x.tracked_agrees
+                cols["restored_crossing_step"][i] = x["step"]
+                cols["restored_crossing_commit_len"][i] = x["commit_len"]
+                cols["restored_crossing_tracked"][i] = x["tracked_agrees"]
             else:
                 cols["restored_link"][i] = "position"
             break
@@ -263,22 +264,20 @@ def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: 
     calibrated on their own path (harness/calibrate.py), the others take `threshold` and `tolerance`.
     """
     per_pool = per_pool or {}
-    rows, crossings, seqs = [], [], []
+    rows, seqs = [], []
     for cand in candidates:
         t, tol = per_pool.get(str(cand.get("pool")), (threshold, tolerance))
-        row, xs = _row(cand, references.get(str(cand.get("input_hash"))), t, tol)
-        rows.append(row)
-        crossings.append(xs)
+        rows.append(_row(cand, references.get(str(cand.get("input_hash"))), t, tol))
         seqs.append((cand.get("input_ids"), cand.get("output_ids")))
     cols = {c: [r[c] for r in rows] for c in REQUEST_COLUMNS}
-    return frame(cols, crossings, seqs_on_path(seqs))
+    return frame(cols, seqs_on_path(seqs))
 
 
-def frame(cols: dict[str, list], crossings: list[list[Crossing]], on_path: OnPath) -> pd.DataFrame:
+def frame(cols: dict[str, list], on_path: OnPath) -> pd.DataFrame:
     """The typed requests frame of REQUEST_COLUMNS lists, with restored checkpoints linked (one per row)."""
     if not cols["key"]:
         return empty_frame()
-    link_restored_checkpoints(cols, crossings, on_path)
+    link_restored_checkpoints(cols, on_path)
     return _typed(pd.DataFrame(cols, columns=REQUEST_COLUMNS))
 
 

@@ -11,7 +11,14 @@ import numpy as np
 import pyarrow as pa
 
 from records.columns import REQUEST_SCHEMA, TOP_IDS, TOP_LOGPROBS
-from reports.analyze import REQUEST_COLUMNS, inferred_crossings, record_interval, row_of, verify_crossings
+from reports.analyze import (
+    REQUEST_COLUMNS,
+    crossing_dict,
+    inferred_crossings,
+    record_interval,
+    row_of,
+    verify_crossings,
+)
 from reports.analyze_trace import crossings_of
 from reports.oracle_vec import Side, _list, classify_batch
 
@@ -74,7 +81,7 @@ def _parsed(table) -> tuple[list[dict], list[set]]:
     return extras, absents
 
 
-def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, crossings, digests, has_input) -> None:
+def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input) -> None:
     """Append the frame rows of candidate rows `tb` (global rows `ks`, scalars in index.cands) to `cols`."""
     recs = [index.cands[k] for k in ks]
     n = len(recs)
@@ -120,10 +127,11 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, crossings
             trace = extras[i]["spec_trace"]
             xs, source = (verify_crossings(trace, interval), "reported") if trace is not None else \
                 (inferred_crossings(input_len, output_len, interval), "inferred")
+            xs = [crossing_dict(x) for x in xs]
         elif reported[i] is not None:
             xs, source = reported[i], "reported"
         else:
-            xs, source = inferred_crossings(input_len, output_len, interval), "inferred"
+            xs, source = [crossing_dict(x) for x in inferred_crossings(input_len, output_len, interval)], "inferred"
         ref_len = None
         if has_ref[i]:
             r_out = r_extras[i]["output_ids"] if "output_ids" in r_extras[i] else None
@@ -131,7 +139,6 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, crossings
         row = row_of(rec, classes[i], interval, input_len, output_len, ref_len, xs, source)
         for c in REQUEST_COLUMNS:
             cols[c].append(row[c])
-        crossings.append(xs)
 
 
 def _inputs(tb, ks, recs, extras, absents, index, store, prompts) -> dict[int, object]:

@@ -126,7 +126,6 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         index = _Index(reader, store)
         prompts = store.prompt_index()
         cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
-        crossings: list[list] = []
         digests: dict[tuple[int, int], bytes] = {}  # (row, length) -> digest of input[:length] (length < 0)
         has_input: dict[int, bool] = {}
         k = 0
@@ -146,8 +145,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                 tb = batch.filter(pa.array(mine))
                 ks = list(range(k, k + tb.num_rows))
                 k += tb.num_rows
-                batch_rows(tb, ks, index, store, prompts, per_pool, (threshold, tolerance), cols, crossings,
-                           digests, has_input)
+                batch_rows(tb, ks, index, store, prompts, per_pool, (threshold, tolerance), cols, digests, has_input)
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
 
@@ -156,7 +154,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                 return True
             return digests[(i, -length)] == digests[(j, length)]
 
-        df = frame(cols, crossings, on_path)
+        df = frame(cols, on_path)
         for c in index.cands:
             c.pop("_extra_keys", None)
         return AnalyzedRun(df, index.cands, stats, reader.truncated, reader.corrupt,

@@ -1,8 +1,9 @@
 """Verify crossings of a batch of candidates from their `spec_trace` column (list<list<int32>>), in numpy.
 
 `crossings_of` gives, per row, what `reports.analyze.verify_crossings(trace, interval)` gives for the row's
-trace: only the verify steps that cross a boundary become Crossing objects. A row whose trace has a step
-with fewer than two values or a null length is left to verify_crossings (as the record path would read it).
+trace (as crossing dicts): only the verify steps that cross a boundary become Python objects. A row whose
+trace has a step with fewer than two values or a null length is left to verify_crossings (as the record path
+would read it).
 """
 
 from __future__ import annotations
@@ -11,17 +12,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reports.analyze import Crossing, verify_crossings
+from reports.analyze import crossing_dict, verify_crossings
 from reports.oracle_vec import _list
 
 
-def crossings_of(trace: pa.Array, intervals: list[int | None]) -> list[list[Crossing] | None]:
-    """Per row: its reported crossings, or None where its trace is null (crossings are inferred then).
+def crossings_of(trace: pa.Array, intervals: list[int | None]) -> list[list[dict] | None]:
+    """Per row: its reported crossings (as analyze.crossing_dict gives them), or None where its trace is null
+    (crossings are inferred then).
     Rows without an interval get an empty list (the caller records no crossings for them)."""
     if isinstance(trace, pa.ChunkedArray):
         trace = trace.combine_chunks()
     n = len(trace)
-    out: list[list[Crossing] | None] = [None if not trace[i].is_valid else [] for i in range(n)] \
+    out: list[list[dict] | None] = [None if not trace[i].is_valid else [] for i in range(n)] \
         if trace.null_count else [[] for _ in range(n)]
     if n == 0:
         return out
@@ -55,8 +57,9 @@ def crossings_of(trace: pa.Array, intervals: list[int | None]) -> list[list[Cros
         b, p, c = int(boundary[i]), int(pre[i]), int(commit[i])
         t = None if tracked_null[i] else int(tracked[i])
         step = b - p - 1
-        out[r].append(Crossing(b, "reported", p, c, step, t, t == step))
+        out[r].append({"boundary": b, "source": "reported", "pre_len": p, "commit_len": c, "step": step,
+                       "tracked": t, "tracked_agrees": t == step})
     for r in odd_rows:
         if out[r] is not None and intervals[r]:
-            out[r] = verify_crossings(trace[r].as_py(), intervals[r])  # raises where the record path raises
+            out[r] = [crossing_dict(x) for x in verify_crossings(trace[r].as_py(), intervals[r])]  # raises as it
     return out

@@ -263,13 +263,13 @@ def test_no_link_is_claimed_when_the_previous_turn_errored():
     from reports.analyze import link_restored_checkpoints
 
     base = dict(pool="i128", concurrency=1, session_id="s", interval=128, restored_link=None,
-                restored_verify_crossed=False)
+                restored_verify_crossed=False, crossings=[])
     rows = [{**base, "turn": 0, "class": "error", "cached_tokens": 0, "input_len": 120},
             {**base, "turn": 1, "class": "hard", "cached_tokens": 128, "input_len": 150}]
 
     def link():
         cols = {c: [r[c] for r in rows] for c in rows[0]}
-        link_restored_checkpoints(cols, [[], []], lambda i, j, length: True)
+        link_restored_checkpoints(cols, lambda i, j, length: True)
         return cols["restored_link"][1]
 
     assert link() is None  # turn 0 may have crossed 128 before its stream broke: unknown
