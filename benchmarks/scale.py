@@ -2,6 +2,8 @@
 
     python benchmarks/scale.py --source /tmp/scale-src/src --source /tmp/scale-src/fault \
         [--sizes 1000,10000,100000] [--tokens 0,1000] [--work DIR] [--keep] [--max-rss-gb 8] [--max-disk-gb 12]
+        [--before DIR] [--no-render] [--no-driver]
+    python benchmarks/scale.py _hwm _analyze RUN_DIR   # one child on a given run (e.g. scale_replicate.py's)
     python benchmarks/scale.py sse [--mb 1,2,4] [--chunk 1024]     # the SSE reader on one large event
 
 Make the sources first (real runs of the built-in engine):
@@ -13,8 +15,11 @@ Run directories are synthesized from them (benchmarks/scale_synth.py: every cand
 reference, classes and restore links kept; `--tokens 0` keeps the sources' own lengths, ~37 tokens) and
 written through RecordFiles as a run writes them. Per size it prints:
   records  bytes on disk of `records/` per output token (candidates' and references' together);
+  before   with --before DIR (a source tree of earlier code): its `python -m reports.render` of a JSONL copy;
   render   `python -m reports.render` CPU time and peak RSS (a child process);
+  analyze  the streamed analyzer (reports/analyze_run.py) and junit.xml from its frame;
   resume   what harness/run.py loads on --resume: `load_run(...).candidates_by_key()` and the references;
+  state    what a resume keeps with harness/refstore.py: `ResumeState.read(...)`;
   index    where records/ has it, `RunReader(...).resume_index()`;
   scan     where records/ has it, every column of every record as Arrow batches (`RunReader.batches`);
   driver   the real harness.driver against a backend that answers at once with the synthesized answers:
