@@ -51,13 +51,17 @@ class Recorded:
     input_hash: str | None
     failed: bool  # its record has an error: the session's later turns are not sent
     output: bytes  # output_digest of its output ids
+    pool: str | None = None
+    session_id: str | None = None
+    max_new_tokens: int | None = None  # with io(), what re-sending its missing reference takes
 
     @classmethod
     def of(cls, record: dict, output: bytes | None = None) -> Recorded:
         """The summary of a candidate record (`output`: its output digest, when already computed)."""
         turn = record.get("turn")
         return cls(record["key"], turn if isinstance(turn, int) else None, record.get("input_hash"),
-                   record.get("error") is not None, output or output_digest(record.get("output_ids")))
+                   record.get("error") is not None, output or output_digest(record.get("output_ids")),
+                   record.get("pool"), record.get("session_id"), record.get("max_new_tokens"))
 
     def differs(self, ref: RefDone) -> bool:
         """The live mismatch test (harness.driver.differs) on summaries: both answered, outputs differ."""
@@ -70,7 +74,8 @@ def differs(candidate: dict, ref: RefDone) -> bool:
         ref.output
 
 
-_COLUMNS = ["key", "role", "turn", "input_hash", "error", "output_ids", "_extra", "_absent"]
+_COLUMNS = ["key", "role", "pool", "session_id", "turn", "input_hash", "max_new_tokens", "error", "output_ids",
+            "_extra", "_absent"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,10 @@ class ResumeState:
                     elif rec.get("role") == "reference":
                         references.setdefault(str(rec.get("input_hash")), RefDone.of(rec, out))
         return cls(Path(run_dir), frozenset(k for k in seen if isinstance(k, str)), candidates, references)
+
+    def unanswered(self) -> list[Recorded]:
+        """Answered candidates whose input has no reference record: an earlier process stopped before it came."""
+        return [c for c in self.candidates.values() if not c.failed and str(c.input_hash) not in self.references]
 
     def io(self, keys: Iterable[str]) -> dict[str, tuple[list[int] | None, list[int] | None]]:
         """(input ids, output ids) of these recorded candidate turns, reading only the row groups that hold them."""

@@ -18,6 +18,7 @@ def _run(tmp_path):
     recs += pair(prompt(141, seed=78), [5] * 7, pool="i128", interval=128, concurrency=8, session_id="late2")
     recs[-1]["output_ids"] = [1 << 40]  # kept in _extra
     recs.append(dict(recs[0], output_ids=[9]))  # a duplicate key: the first record counts
+    recs += pair(prompt(142, seed=79), [3] * 4, pool="i128", interval=128, concurrency=8, session_id="late3")[:1]
     write_run(run_dir, recs)
     return run_dir
 
@@ -42,6 +43,8 @@ def test_the_resume_state_summarizes_exactly_what_load_run_holds(tmp_path):
                     record_differs(c, ref)
                 assert differs(c, RefDone.of(ref)) == record_differs(c, ref)
         assert any(c.failed for c in state.candidates.values())
+        assert [c.key for c in state.unanswered()] == [c["key"] for c in run.candidates if c["error"] is None
+                                                       and c["input_hash"] not in run.references]
 
 
 def test_io_reads_just_the_turns_asked_for(tmp_path):
