@@ -2,6 +2,8 @@
 
     python benchmarks/scale.py --source /tmp/scale-src/src --source /tmp/scale-src/fault \
         [--sizes 1000,10000,100000] [--tokens 0,1000] [--work DIR] [--keep] [--max-rss-gb 8] [--max-disk-gb 12]
+        [--before DIR] [--no-render] [--no-driver]
+    python benchmarks/scale.py _hwm _analyze RUN_DIR   # one child on a given run (e.g. scale_replicate.py's)
     python benchmarks/scale.py sse [--mb 1,2,4] [--chunk 1024]     # the SSE reader on one large event
 
 Make the sources first (real runs of the built-in engine):
@@ -13,8 +15,11 @@ Run directories are synthesized from them (benchmarks/scale_synth.py: every cand
 reference, classes and restore links kept; `--tokens 0` keeps the sources' own lengths, ~37 tokens) and
 written through RecordFiles as a run writes them. Per size it prints:
   records  bytes on disk of `records/` per output token (candidates' and references' together);
+  before   with --before DIR (a source tree of earlier code): its `python -m reports.render` of a JSONL copy;
   render   `python -m reports.render` CPU time and peak RSS (a child process);
+  analyze  the streamed analyzer (reports/analyze_run.py) and junit.xml from its frame;
   resume   what harness/run.py loads on --resume: `load_run(...).candidates_by_key()` and the references;
+  state    what a resume keeps with harness/refstore.py: `ResumeState.read(...)`;
   index    where records/ has it, `RunReader(...).resume_index()`;
   scan     where records/ has it, every column of every record as Arrow batches (`RunReader.batches`);
   driver   the real harness.driver against a backend that answers at once with the synthesized answers:
@@ -38,17 +43,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if os.environ.get("SCALE_CODE"):  # a child measuring other code (--before): that tree's packages come first
+    sys.path.insert(0, os.environ["SCALE_CODE"])
 
 
 GB = 1 << 30
 
 
-def child(args: list[str]) -> tuple[float, int, str]:
+def child(args: list[str], code: Path | None = None) -> tuple[float, int, str]:
     """Run `python -m MODULE ARGS` or `python scale.py _CMD ARGS` in a child; (CPU seconds from its rusage, its
     peak RSS, its stdout). The peak is the child's own VmHWM: rusage's ru_maxrss would count the parent's
     pages, which a forked child holds until it execs."""
     argv = [sys.executable, __file__, "_hwm", *args]
-    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    env = {**os.environ, "SCALE_CODE": str(code)} if code else None
+    p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -70,7 +78,8 @@ def _hwm(args: list[str]) -> int:
         elif args[0] == "_driver":
             _driver(int(args[1]), int(args[2]), Path(args[3]), args[4:])
         else:
-            {"_resume": _resume, "_index": _index, "_scan": _scan}[args[0]](*args[1:])
+            from benchmarks import scale_children
+            getattr(scale_children, args[0][1:])(*args[1:])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     sys.stdout.flush()
@@ -108,6 +117,7 @@ def fmt_mb(b: float) -> str:
 
 def measure_size(args, templates, positions, config, stats, n: int, tokens: int, pred: Predictor) -> dict:
     from benchmarks import scale_synth
+    from benchmarks.scale_children import has_index, has_streamed, jsonl_copy
     label = f"{n // 1000}k x {'native' if tokens == 0 else tokens}"
     row: dict = {"size": label}
     run_dir = args.work / f"scale-{n}-{tokens}"
@@ -132,22 +142,33 @@ def measure_size(args, templates, positions, config, stats, n: int, tokens: int,
             f"~{want_s:.0f} s to write: over --max-write-s"
         row["records"] = f"~{fmt_mb(want_disk)}, {bpt:.1f} B/token (extrapolated: {why})"
         print(f"{label}: records {row['records']}", flush=True)
-    for what, argv in (("render", ["-m", "reports.render", str(run_dir)]),
+    if args.before and built:
+        jsonl_copy(run_dir, run_dir.with_name(run_dir.name + "-jsonl"))
+    for what, argv in (("before", ["-m", "reports.render", str(run_dir.with_name(run_dir.name + "-jsonl"))]),
+                       ("render", ["-m", "reports.render", str(run_dir)]),
+                       ("analyze", ["_analyze", str(run_dir)]),
                        ("resume", ["_resume", str(run_dir)]),
                        ("index", ["_index", str(run_dir)]),
+                       ("state", ["_state", str(run_dir)]),
                        ("scan", ["_scan", str(run_dir)])):
-        if what in ("index", "scan") and not has_index():
+        if what in ("index", "scan") and not has_index() or what in ("analyze", "state") and not has_streamed():
             continue
-        row[what] = run_child(what, argv, f"{what}/{key}", n, pred, args, built)
+        if what == "render" and args.no_render or what == "before" and not args.before:
+            continue
+        row[what] = run_child(what, argv, f"{what}/{key}", n, pred, args, built,
+                              args.before if what == "before" else None)
         print(f"  {what:7s} {row[what]}", flush=True)
     if not args.keep:
         shutil.rmtree(run_dir, ignore_errors=True)
-    row["driver"] = driver_figure(args, n, tokens, key, pred)
-    print(f"  driver  {row['driver']}", flush=True)
+        shutil.rmtree(run_dir.with_name(run_dir.name + "-jsonl"), ignore_errors=True)
+    if not args.no_driver:
+        row["driver"] = driver_figure(args, n, tokens, key, pred)
+        print(f"  driver  {row['driver']}", flush=True)
     return row
 
 
-def run_child(what: str, argv: list[str], key: str, n: int, pred: Predictor, args, built: bool) -> str:
+def run_child(what: str, argv: list[str], key: str, n: int, pred: Predictor, args, built: bool,
+              code: Path | None = None) -> str:
     rss, cpu = pred.predict(key + "/rss", n), pred.predict(key + "/cpu", n)
     too_big = rss is not None and rss > args.max_rss_gb * GB or cpu is not None and cpu > args.max_cpu_s
     if not built or too_big:
@@ -155,7 +176,7 @@ def run_child(what: str, argv: list[str], key: str, n: int, pred: Predictor, arg
             return "skipped (records not written)"
         why = "records not written" if not built else "over --max-rss-gb / --max-cpu-s"
         return f"~CPU {cpu:.1f} s, ~max RSS {fmt_mb(rss)} (extrapolated: {why})"
-    cpu, rss, _ = child(argv)
+    cpu, rss, _ = child(argv, code)
     pred.add(key + "/rss", n, rss)
     pred.add(key + "/cpu", n, cpu)
     return f"CPU {cpu:.1f} s, max RSS {fmt_mb(rss)}"
@@ -173,42 +194,6 @@ def driver_figure(args, n: int, tokens: int, key: str, pred: Predictor) -> str:
     pred.add(f"driver/{key}/cpu", n, cpu)
     return f"bookkeeping {fmt_mb(held)} (RSS when Driver.run returns {fmt_mb(got['done'])} less " \
            f"{fmt_mb(got['baseline'])} before it), CPU {cpu:.0f} s for {n} candidates and their references"
-
-
-def has_index() -> bool:
-    try:
-        from records.reader import RunReader  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _resume(run_dir: str) -> None:
-    """What harness/run.py's --resume loads: every candidate by key and every reference."""
-    from records.jsonl import load_run
-
-    recorded = load_run(run_dir)
-    existing, refs = recorded.candidates_by_key(), recorded.references
-    assert existing and refs
-
-
-def _index(run_dir: str) -> None:
-    """The resume index: keys, reference hashes, each session's last recorded turn."""
-    from records.reader import RunReader
-
-    index = RunReader(run_dir).resume_index()
-    assert index.keys and index.reference_hashes
-
-
-def _scan(run_dir: str) -> None:
-    """Every column of every record as Arrow batches, duplicates dropped (what a streaming analyzer reads)."""
-    from records.reader import RunReader
-
-    reader, seen, rows = RunReader(run_dir), set(), 0
-    for stem in reader.stems():
-        for batch in reader.batches(stem, seen=seen):
-            rows += batch.num_rows
-    assert rows
 
 
 def _driver(n: int, tokens: int, work: Path, sources: list[str]) -> None:
@@ -253,6 +238,11 @@ def main() -> None:
     p.add_argument("--tokens", default="0,1000", help="output tokens per request (0: the sources' own)")
     p.add_argument("--work", type=Path, default=Path("/tmp/scale-work"), help="where run directories are made")
     p.add_argument("--keep", action="store_true", help="keep each synthesized run directory")
+    p.add_argument("--no-render", action="store_true", help="skip `python -m reports.render` (its figures are "
+                   "the analyzer's and the other outputs')")
+    p.add_argument("--no-driver", action="store_true", help="skip the driver figure")
+    p.add_argument("--before", type=Path, help="a source tree of earlier code (git archive COMMIT | tar -x -C DIR): "
+                   "`before` is its `python -m reports.render` of a JSONL copy of each run")
     p.add_argument("--max-rss-gb", type=float, default=8.0)
     p.add_argument("--max-disk-gb", type=float, default=12.0)
     p.add_argument("--max-cpu-s", type=float, default=1500.0)
@@ -275,7 +265,7 @@ def main() -> None:
     for tokens in [int(t) for t in args.tokens.split(",")]:
         for n in sorted(int(s) for s in args.sizes.split(",")):
             rows.append(measure_size(args, templates, positions, config, stats, n, tokens, pred))
-    cols = ["size", "records", "render", "resume", "index", "scan", "driver"]
+    cols = ["size", "records", "before", "render", "analyze", "resume", "index", "state", "scan", "driver"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:

@@ -214,6 +214,42 @@ class RunReader:
         return {k: (stored[i.input_hash] if isinstance(i, _Stored) else i, o) for k, (i, o) in found.items()}
 
 
+    def find(self, column: str, values: Iterable[str], role: str) -> dict[str, dict]:
+        """The first record of `role` per value of `column` (`key` or `input_hash`) among `values`, as dicts,
+        reading whole rows only of the row groups that hold them (a report's worst cases and their references)."""
+        want = set(values)
+        found: dict[str, dict] = {}
+        seen: set = set()
+        for stem in self.stems():
+            if not L.is_request_stem(stem):
+                continue
+            for src in self.layout.sources(stem):
+                if src.suffix == L.JOURNAL:
+                    rows: Iterable[dict] = (r for r in self._journal(src) if r.get(column) in want)
+                else:
+                    pf = pq.ParquetFile(src)
+                    rows = (rec for g in range(pf.num_row_groups)
+                            for rec in self._matching(pf, g, column, want))
+                for rec in rows:
+                    if self._keep(rec.get("key"), seen) and rec.get("role") == role:
+                        found.setdefault(rec.get(column), rec)
+        return found
+
+    def _matching(self, pf: pq.ParquetFile, g: int, column: str, want: set) -> list[dict]:
+        mask = pc.is_in(pf.read_row_group(g, columns=[column]).column(0), value_set=pa.array(sorted(want),
+                                                                                              pa.string()))
+        if not pc.any(mask).as_py():
+            return []
+        return from_batch(pf.read_row_group(g).filter(mask), self.prompt_of)
+
+    def prompt_of(self, input_hash: str) -> list[int]:
+        """One stored prompt, read alone (RunReader.prompt loads them all)."""
+        got = self.prompts([input_hash])
+        if input_hash not in got:
+            return self.prompt(input_hash)  # raises the damaged-run error
+        return got[input_hash]
+
+
 @dataclass(frozen=True)
 class _Stored:
     """A row's input ids, to be read from the stored prompts."""

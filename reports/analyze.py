@@ -8,13 +8,13 @@ sequence index `input_len + p`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 
 from protocol.boundaries import boundaries_between, boundary_step, crossed_boundary, nearest_boundary_offset
-from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, classify
+from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, Classification, classify
 
 # requests.csv columns, in order (documented in docs/reports.md).
 REQUEST_COLUMNS = [
@@ -106,32 +106,40 @@ def _offset(pos: int | None, interval: int | None) -> int | None:
     return nearest_boundary_offset(pos, interval) if pos is not None and interval else None
 
 
-def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tuple[dict, list[Crossing]]:
-    engine = cand.get("engine") or {}
+def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> dict:
     interval = record_interval(cand)
     c = classify(cand, ref, threshold, tolerance)
     input_len = int(cand.get("input_len") or len(cand.get("input_ids") or []))
-    output = cand.get("output_ids") or []
-    cached = int(cand.get("cached_tokens") or 0)
+    output_len = len(cand.get("output_ids") or [])
     trace = cand.get("spec_trace")
     if interval is None:
         crossings, source = [], "none"
     elif trace is not None:
         crossings, source = verify_crossings(trace, interval), "reported"
     else:
-        crossings, source = inferred_crossings(input_len, len(output), interval), "inferred"
+        crossings, source = inferred_crossings(input_len, output_len, interval), "inferred"
+    ref_len = len(ref.get("output_ids") or []) if ref is not None else None
+    return row_of(cand, c, interval, input_len, output_len, ref_len, [crossing_dict(x) for x in crossings], source)
+
+
+def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, output_len: int,
+           ref_output_len: int | None, crossings: list[dict], source: str) -> dict:
+    """The requests-frame row of a candidate (its scalar fields in `cand`), given what its token lists gave:
+    its classification, lengths and crossings (as crossing_dict gives them; `source`: reported, inferred or
+    none)."""
+    engine = cand.get("engine") or {}
+    cached = int(cand.get("cached_tokens") or 0)
     div_pos = input_len + c.first_divergence if c.first_divergence is not None else None
     onset_pos = input_len + c.drift.onset if c.drift.onset is not None else None
     first_flag = c.drift.onset if c.drift.onset is not None else c.first_divergence
-    row = {
+    return {
         "key": cand.get("key"), "run_id": cand.get("run_id"), "pool": cand.get("pool"),
         "variant": pool_variant(engine), "interval": interval, "concurrency": cand.get("concurrency"),
         "block_size": engine.get("block_size"), "fault": engine.get("fault"),
         "replica_id": cand.get("replica_id"), "suite": cand.get("suite"),
         "group": (cand.get("case") or {}).get("group"), "case_id": cand.get("case_id"),
         "session_id": cand.get("session_id"), "turn": cand.get("turn"), "input_hash": cand.get("input_hash"),
-        "input_len": input_len, "output_len": len(output),
-        "ref_output_len": len(ref.get("output_ids") or []) if ref is not None else None,
+        "input_len": input_len, "output_len": output_len, "ref_output_len": ref_output_len,
         "class": c.cls, "detail": c.detail, "oracle": c.oracle if c.cls != "error" else None,
         "drift": c.drift.value, "drift_onset": c.drift.onset, "drift_onset_pos": onset_pos,
         "drift_onset_offset": _offset(onset_pos, interval), "drift_compared": c.drift.compared,
@@ -142,38 +150,48 @@ def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> tu
         "ref_token": c.ref_token, "cached_tokens": cached, "restored": cached > 0,
         "restored_offset": input_len - cached if cached > 0 else None,
         "prompt_offset": _offset(input_len, interval),
-        "crossing_source": source, "crossed_boundaries": " ".join(str(x.boundary) for x in crossings),
+        "crossing_source": source, "crossed_boundaries": " ".join(str(x["boundary"]) for x in crossings),
         "n_crossings": len(crossings),
-        "n_untracked_crossings": sum(1 for x in crossings if x.tracked_agrees is False),
-        "crossings": [asdict(x) for x in crossings],
+        "n_untracked_crossings": sum(1 for x in crossings if x["tracked_agrees"] is False),
+        "crossings": crossings,
         "restored_link": None, "restored_verify_crossed": False, "restored_crossing_step": None,
         "restored_crossing_commit_len": None, "restored_crossing_tracked": None,
         "spec_verify_ct": cand.get("spec_verify_ct"), "spec_accept_length": cand.get("spec_accept_length"),
-        "completion_tokens": cand.get("completion_tokens", len(output)),
+        "completion_tokens": cand.get("completion_tokens", output_len),
         "finish_reason": cand.get("finish_reason"), "ttft": cand.get("ttft"), "itl": cand.get("itl"),
         "e2e": cand.get("e2e"), "t_start": cand.get("t_start"), "retries": cand.get("retries"),
         "error": cand.get("error"), "tokenizer": cand.get("tokenizer"),
     }
-    return row, crossings
 
 
-def _on_path(seqs: list[tuple] | None, i: int, j: int, length: int) -> bool:
-    """Request i's first `length` input tokens are request j's input + output tokens there (unknown ids: True)."""
-    if seqs is None:
-        return True
-    (ids, _), (prev_in, prev_out) = seqs[i], seqs[j]
-    if not ids or not prev_in:
-        return True
-    return list(ids[:length]) == (list(prev_in) + list(prev_out or []))[:length]
+def crossing_dict(x: Crossing) -> dict:
+    """`asdict(x)` without its deep copy (a Crossing holds only scalars)."""
+    return {"boundary": x.boundary, "source": x.source, "pre_len": x.pre_len, "commit_len": x.commit_len,
+            "step": x.step, "tracked": x.tracked, "tracked_agrees": x.tracked_agrees}
 
 
-def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]],
-                               seqs: list[tuple] | None = None) -> None:
+OnPath = Callable[[int, int, int], bool]
+
+
+def seqs_on_path(seqs: list[tuple]) -> OnPath:
+    """`on_path(i, j, length)`: request i's first `length` input tokens are request j's input + output tokens
+    there (unknown ids: True); `seqs`: each row's (input ids, output ids)."""
+    def on_path(i: int, j: int, length: int) -> bool:
+        (ids, _), (prev_in, prev_out) = seqs[i], seqs[j]
+        if not ids or not prev_in:
+            return True
+        return list(ids[:length]) == (list(prev_in) + list(prev_out or []))[:length]
+
+    return on_path
+
+
+def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
     """Link each turn that restored `cached_tokens = b` to the previous turn's crossing of b (same session and
     sweep point): that is the #37817 signature, a checkpoint saved (or not) by the verify tracking path, then
     restored by the next turn. When the previous turn restored b itself on the same path (a later turn that
     branches off its history, workloads/README.md), the link goes to the turn before it that did not; a turn
-    that branched off below b restored another path's checkpoint ("none"). `seqs`: each row's (input, output) ids.
+    that branched off below b restored another path's checkpoint ("none"). `cols`: the frame's columns
+    (its link columns are set here); `on_path`: whether a row's input went along another row's sequence.
 
     `restored_link`: "verify" when the engine reported the previous turn's verify steps (spec_trace) and one
     crossed b; "position" when it did not report them and b lies in the previous turn's generated positions
@@ -182,39 +200,41 @@ def _link_restored_checkpoints(rows: list[dict], crossings: list[list[Crossing]]
     a multiple of the interval); "none" otherwise (the previous turn did not take it: another session's, or one
     restored before); None without a restore or a previous turn.
     """
+    pool, conc, session, turns = cols["pool"], cols["concurrency"], cols["session_id"], cols["turn"]
+    cached_col, classes, intervals = cols["cached_tokens"], cols["class"], cols["interval"]
+    input_lens = cols["input_len"]
     index: dict[tuple, int] = {}
-    for i, r in enumerate(rows):
-        index.setdefault((r["pool"], r["concurrency"], r["session_id"], r["turn"]), i)
-    for i, row in enumerate(rows):
-        turn, cached = row["turn"], row["cached_tokens"]
+    for i in range(len(turns)):
+        index.setdefault((pool[i], conc[i], session[i], turns[i]), i)
+    for i, turn in enumerate(turns):
+        cached = cached_col[i]
         if not isinstance(turn, int) or turn <= 0 or cached <= 0:
             continue
-        prev = index.get((row["pool"], row["concurrency"], row["session_id"], turn - 1))
+        where = (pool[i], conc[i], session[i])
+        prev = index.get((*where, turn - 1))
         # a turn that restored this same checkpoint did not take it: the turn before it did (a turn that branches
         # off its history restores the checkpoint the turn it branched from restored)
-        while (prev is not None and rows[prev]["cached_tokens"] == cached and rows[prev]["turn"] > 0
-               and _on_path(seqs, i, prev, cached)):
-            prev = index.get((row["pool"], row["concurrency"], row["session_id"], rows[prev]["turn"] - 1))
+        while prev is not None and cached_col[prev] == cached and turns[prev] > 0 and on_path(i, prev, cached):
+            prev = index.get((*where, turns[prev] - 1))
         if prev is None:
             continue
-        before = rows[prev]
-        if before["class"] == "error" or before["interval"] is None:
+        if classes[prev] == "error" or intervals[prev] is None:
             continue  # what the previous turn crossed or took is unknown: no link claimed
-        row["restored_link"] = "prefill" if before["cached_tokens"] < cached <= before["input_len"] else "none"
-        if not _on_path(seqs, i, prev, cached):
-            row["restored_link"] = "none"
+        cols["restored_link"][i] = "prefill" if cached_col[prev] < cached <= input_lens[prev] else "none"
+        if not on_path(i, prev, cached):
+            cols["restored_link"][i] = "none"
             continue
-        for x in crossings[prev]:
-            if x.boundary != cached:
+        for x in cols["crossings"][prev]:
+            if x["boundary"] != cached:
                 continue
-            if x.source == "reported":
-                row["restored_link"] = "verify"
-                row["restored_verify_crossed"] = True
-                row["restored_crossing_step"] = x.step
-                row["restored_crossing_commit_len"] = x.commit_len
-                row["restored_crossing_tracked"] = x.tracked_agrees
+            if x["source"] == "reported":
+                cols["restored_link"][i] = "verify"
+                cols["restored_verify_crossed"][i] = True
+                cols["restored_crossing_step"][i] = x["step"]
+                cols["restored_crossing_commit_len"][i] = x["commit_len"]
+                cols["restored_crossing_tracked"][i] = x["tracked_agrees"]
             else:
-                row["restored_link"] = "position"
+                cols["restored_link"][i] = "position"
             break
 
 
@@ -244,17 +264,21 @@ def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: 
     calibrated on their own path (harness/calibrate.py), the others take `threshold` and `tolerance`.
     """
     per_pool = per_pool or {}
-    rows, crossings, seqs = [], [], []
+    rows, seqs = [], []
     for cand in candidates:
         t, tol = per_pool.get(str(cand.get("pool")), (threshold, tolerance))
-        row, xs = _row(cand, references.get(str(cand.get("input_hash"))), t, tol)
-        rows.append(row)
-        crossings.append(xs)
+        rows.append(_row(cand, references.get(str(cand.get("input_hash"))), t, tol))
         seqs.append((cand.get("input_ids"), cand.get("output_ids")))
-    if not rows:
+    cols = {c: [r[c] for r in rows] for c in REQUEST_COLUMNS}
+    return frame(cols, seqs_on_path(seqs))
+
+
+def frame(cols: dict[str, list], on_path: OnPath) -> pd.DataFrame:
+    """The typed requests frame of REQUEST_COLUMNS lists, with restored checkpoints linked (one per row)."""
+    if not cols["key"]:
         return empty_frame()
-    _link_restored_checkpoints(rows, crossings, seqs)
-    return _typed(pd.DataFrame(rows, columns=REQUEST_COLUMNS))
+    link_restored_checkpoints(cols, on_path)
+    return _typed(pd.DataFrame(cols, columns=REQUEST_COLUMNS))
 
 
 def crossings_json(crossings: list[dict]) -> str:

@@ -17,14 +17,30 @@ def sweep_point(pool, concurrency) -> str:
     return xml_safe(f"{pool}.c{conc}" if conc is not None else str(pool))
 
 
+_BRIEF = ["key", "pool", "concurrency", "session_id", "turn", "e2e", "class"]
+
+
+def _points(df: pd.DataFrame) -> dict[str, dict[str, list[dict]]]:
+    """sweep point -> session -> its rows: the few columns a testcase needs, and whole rows (as to_dict gives
+    them) only for the turns whose text is written (hard, drift, error, soft); the frame is not turned into
+    dicts. Grouped in Python: pandas groupby + to_dict per session is ~25 ms a group."""
+    points: dict[str, dict[str, list[dict]]] = {}
+    if not len(df):
+        return points
+    cols = {c: df[c].tolist() for c in _BRIEF}
+    texts = [i for i, c in enumerate(cols["class"]) if c in ("hard", "drift", "error", "soft")]
+    whole = dict(zip(texts, df.iloc[texts].to_dict("records"), strict=True)) if texts else {}
+    for i in range(len(df)):
+        r = whole.get(i) or {c: cols[c][i] for c in _BRIEF}
+        sessions = points.setdefault(sweep_point(r["pool"], r["concurrency"]), {})
+        sessions.setdefault(str(r["session_id"]), []).append(r)
+    return points
+
+
 def junit_tree(df: pd.DataFrame, run_id: str = "specgate") -> ET.ElementTree:
     """Build the JUnit tree: a testsuite per sweep point, a testcase per session, failures for hard, drift and
     error turns."""
-    # Group in Python: pandas groupby + to_dict per session is ~25 ms a group.
-    points: dict[str, dict[str, list[dict]]] = {}
-    for r in df.to_dict("records") if len(df) else []:
-        sessions = points.setdefault(sweep_point(r["pool"], r["concurrency"]), {})
-        sessions.setdefault(str(r["session_id"]), []).append(r)
+    points = _points(df)
     # Every attribute and text goes through xml_safe: a server's control bytes must not make the file ill-formed.
     root = ET.Element("testsuites", name=xml_safe(f"specgate {run_id}"))
     total_tests = total_failures = 0

@@ -154,28 +154,36 @@ def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD,
     p = first_divergence(c_out, r_out)
     flip = p if p is not None and p < min(len(c_out), len(r_out)) else None
     drift = logprob_drift(cand, ref, len(c_out) if p is None else p, tolerance, flip)
+    if p is None:
+        return decide(None, drift, None, None, None, None, threshold, tolerance)
+    return decide(p, drift, _at(c_out, p), _at(r_out, p), _at(cand.get("output_top_logprobs"), p),
+                  _at(ref.get("output_top_logprobs"), p), threshold, tolerance, len(c_out), len(r_out))
+
+
+def decide(p: int | None, drift: Drift, cand_token: int | None, ref_token: int | None, cand_top: Sequence | None,
+           ref_top: Sequence | None, threshold: float, tolerance: float, cand_len: int = 0,
+           ref_len: int = 0) -> Classification:
+    """The class of a candidate that answered, given its first divergence `p` (None: same tokens), its drift, the
+    tokens and top-k lists at `p` and the two output lengths (shared by classify and reports/oracle_vec.py)."""
     unmeasured = "" if drift.measured else f" ({NO_LOGPROBS})"
     if p is None:
         if drift.onset is not None:
             return Classification("drift", f"log-prob drift {drift.value:.3g} from output {drift.onset} "
                                            f"> tolerance {tolerance:g}", drift=drift)
         return Classification("exact", unmeasured.strip(" ()"), drift=drift)
-    ref_top = _at(ref.get("output_top_logprobs"), p)
     margin = top_margin(ref_top)
-    cand_token, ref_token = _at(c_out, p), _at(r_out, p)
     rank = token_rank(ref_top, cand_token) if cand_token is not None else None
     fields = dict(first_divergence=p, ref_margin=margin, cand_rank=rank, cand_token=cand_token,
                   ref_token=ref_token, drift=drift)
     if cand_token is None or ref_token is None:
         # One output is a strict prefix of the other: no token flip to weigh, so not a numerics flip.
-        return Classification("hard", f"length: candidate {len(c_out)} vs reference {len(r_out)} tokens",
-                              **fields)
+        return Classification("hard", f"length: candidate {cand_len} vs reference {ref_len} tokens", **fields)
     if drift.onset is not None:
         # The state had already left the reference's before (or at) the flip: whatever the margin, not numerics.
         where = f"before the flip at {p}" if drift.onset < p else "at the flip"
         return Classification("hard", f"log-prob drift {drift.value:.3g} from output {drift.onset} {where}",
                               **fields)
-    if _disjoint(_at(cand.get("output_top_logprobs"), p), ref_top):
+    if _disjoint(cand_top, ref_top):
         # A numerics flip swaps near-tied tokens, so both top-k lists hold both; disjoint ones are not numerics.
         return Classification("hard", f"the top-k at the flip (output {p}) share no token", **fields)
     if margin is None:

@@ -123,3 +123,24 @@ def test_a_damaged_directory_says_what_is_missing(tmp_path):
         p.unlink()
     with pytest.raises(ValueError, match="no prompts.parquet holds it"):
         load_run(tmp_path)
+
+
+def test_find_gives_load_runs_records_by_key_and_references_by_hash(tmp_path):
+    import shutil as _shutil
+
+    from records.compact import compact_run as _compact
+    from records.jsonl import load_run as _load
+    from records.reader import RunReader as _Reader
+    from tests.reports.factory import synthetic_run
+
+    jsonl = synthetic_run(tmp_path / "jsonl", fault=True, soft_sessions=1)
+    parts = tmp_path / "parts"
+    _shutil.copytree(jsonl, parts)
+    _compact(parts)
+    for d in (jsonl, parts):
+        run = _load(d)
+        keys = [c["key"] for c in run.candidates[::5]]
+        hashes = [c["input_hash"] for c in run.candidates[::7]]
+        reader = _Reader(d)
+        assert reader.find("key", keys + ["nope"], "candidate") == {c["key"]: c for c in run.candidates[::5]}
+        assert reader.find("input_hash", hashes, "reference") == {h: run.references[h] for h in hashes}

@@ -260,17 +260,21 @@ def test_restored_link_by_verify_step_or_by_position(trace, cached, conc1, link)
 
 
 def test_no_link_is_claimed_when_the_previous_turn_errored():
-    from reports.analyze import _link_restored_checkpoints
+    from reports.analyze import link_restored_checkpoints
 
     base = dict(pool="i128", concurrency=1, session_id="s", interval=128, restored_link=None,
-                restored_verify_crossed=False)
+                restored_verify_crossed=False, crossings=[])
     rows = [{**base, "turn": 0, "class": "error", "cached_tokens": 0, "input_len": 120},
             {**base, "turn": 1, "class": "hard", "cached_tokens": 128, "input_len": 150}]
-    _link_restored_checkpoints(rows, [[], []])
-    assert rows[1]["restored_link"] is None  # turn 0 may have crossed 128 before its stream broke: unknown
+
+    def link():
+        cols = {c: [r[c] for r in rows] for c in rows[0]}
+        link_restored_checkpoints(cols, lambda i, j, length: True)
+        return cols["restored_link"][1]
+
+    assert link() is None  # turn 0 may have crossed 128 before its stream broke: unknown
     rows[0]["class"] = "exact"
-    _link_restored_checkpoints(rows, [[], []])
-    assert rows[1]["restored_link"] == "none"  # turn 0 is known, and it neither crossed nor prefilled 128
+    assert link() == "none"  # turn 0 is known, and it neither crossed nor prefilled 128
 
 
 def test_prefill_restores_are_a_boundary_kind_with_their_offset_from_the_interval_grid():

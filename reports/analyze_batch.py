@@ -1,0 +1,175 @@
+"""One batch of reports/analyze_run.py's token pass: classify candidate rows against their references'
+rows, attribute them (crossings), digest the prefixes the restore links compare, append the frame rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import numpy as np
+import pyarrow as pa
+
+from records.columns import REQUEST_SCHEMA, TOP_IDS, TOP_LOGPROBS
+from reports.analyze import (
+    REQUEST_COLUMNS,
+    crossing_dict,
+    inferred_crossings,
+    record_interval,
+    row_of,
+    verify_crossings,
+)
+from reports.analyze_trace import crossings_of
+from reports.oracle_vec import Side, _list, classify_batch
+
+TOKENS = ["role", "input_hash", "input_ids", "output_ids", "output_logprobs", TOP_LOGPROBS, TOP_IDS, "spec_trace",
+          "_extra", "_absent"]
+REF_TOKENS = ["error", "output_ids", "output_logprobs", TOP_LOGPROBS, TOP_IDS, "_extra", "_absent"]
+ORACLE_FIELDS = {"output_ids", "output_logprobs", "output_top_logprobs", "error"}
+_TOKEN_FIELDS = ("output_ids", "output_logprobs", "output_top_logprobs")
+PAD_CAND, PAD_REF = -(1 << 40), -(1 << 41)
+
+
+def digest(ids) -> bytes:
+    """A 16-byte digest of a list of token ids (equal lists, equal digests)."""
+    arr = ids.astype(np.int64) if isinstance(ids, np.ndarray) else np.asarray(list(ids), dtype=np.int64)
+    return hashlib.blake2b(arr.tobytes(), digest_size=16).digest()
+
+
+def _side(table, pad: int) -> Side:
+    return Side.of(table.column("output_ids"), table.column("output_logprobs"), table.column(TOP_LOGPROBS),
+                   table.column(TOP_IDS), pad)
+
+
+def _tokens(table, i: int, extra: dict, absent: set) -> dict:
+    """Row i's token fields as its record has them (for the record oracle)."""
+    rec = {}
+    for name in _TOKEN_FIELDS:
+        if name in extra:
+            rec[name] = extra[name]
+        elif name in absent:
+            continue
+        elif name == "output_top_logprobs":
+            lps, ids = table.column(TOP_LOGPROBS)[i].as_py(), table.column(TOP_IDS)[i].as_py()
+            rec[name] = None if lps is None else [[list(e) for e in zip(a, b, strict=True)] for a, b in zip(
+                lps, ids, strict=True)]
+        else:
+            rec[name] = table.column(name)[i].as_py()
+    return rec
+
+
+def _references(tb, recs, index, store):
+    """The references' token rows aligned with the batch (null rows where there is none), and which exist."""
+    wheres = [index.refs.get(str(r.get("input_hash"))) for r in recs]
+    has_ref = np.array([w is not None for w in wheres], dtype=bool)
+    found = store.take([w for w in wheres if w is not None], REF_TOKENS)
+    at, pos = 0, []
+    for w in wheres:
+        pos.append(at if w is not None else None)
+        at += w is not None
+    if found.num_rows == 0:
+        schema = pa.schema([REQUEST_SCHEMA.field(c) for c in REF_TOKENS])
+        return pa.table({c: pa.nulls(len(recs), schema.field(c).type) for c in REF_TOKENS}), has_ref
+    if has_ref.all():
+        return found, has_ref
+    return found.take(pa.array(pos, pa.int64())).combine_chunks(), has_ref
+
+
+def _parsed(table) -> tuple[list[dict], list[set]]:
+    extras = [json.loads(e) if e is not None else {} for e in table.column("_extra").to_pylist()]
+    absents = [set(a) if a else set() for a in table.column("_absent").to_pylist()]
+    return extras, absents
+
+
+def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input) -> None:
+    """Append the frame rows of candidate rows `tb` (global rows `ks`, scalars in index.cands) to `cols`."""
+    recs = [index.cands[k] for k in ks]
+    n = len(recs)
+    extras, absents = _parsed(tb)
+    ref, has_ref = _references(tb, recs, index, store)
+    r_extras, r_absents = _parsed(ref)
+    r_err = ref.column("error").to_pylist()
+    ref_error = [r_extras[i].get("error", r_err[i]) if has_ref[i] else None for i in range(n)]
+    cand, rside = _side(tb, PAD_CAND), _side(ref, PAD_REF)
+    odd = np.array([bool(set(extras[i]) & set(_TOKEN_FIELDS)) or bool(set(r_extras[i]) & set(_TOKEN_FIELDS))
+                    for i in range(n)], dtype=bool)
+    cand = dataclasses.replace(cand, irregular=cand.irregular | odd)
+    limits = [per_pool.get(str(r.get("pool")), default) for r in recs]
+
+    def fallback(i: int) -> tuple[dict, dict | None]:
+        c = {**_tokens(tb, i, extras[i], absents[i]), "error": recs[i].get("error")}
+        r = {**_tokens(ref, i, r_extras[i], r_absents[i]), "error": ref_error[i]} if has_ref[i] else None
+        return c, r
+
+    classes = classify_batch(cand, rside, [r.get("error") for r in recs], ref_error, has_ref,
+                             np.array([t for t, _ in limits]), np.array([t for _, t in limits]), fallback)
+    intervals = [record_interval(r) for r in recs]
+    reported = crossings_of(tb.column("spec_trace"), intervals)
+    inputs = _inputs(tb, ks, recs, extras, absents, index, store, prompts)
+    for i, k in enumerate(ks):
+        rec, ids = recs[i], inputs.get(i)
+        out_ids = extras[i]["output_ids"] if "output_ids" in extras[i] else \
+            cand.ids[cand.ids_start[i]:cand.ids_start[i] + cand.ids_len[i]]
+        output_len = len(out_ids or []) if not isinstance(out_ids, np.ndarray) else len(out_ids)
+        input_len = int(rec.get("input_len") or (len(ids) if ids is not None else 0))
+        if k in index.in_len or k in index.seq_lens:
+            has_input[k] = ids is not None and len(ids) > 0
+            if k in index.in_len:
+                digests[(k, -index.in_len[k])] = digest(ids[:index.in_len[k]] if ids is not None else [])
+            seq = np.concatenate([np.asarray(ids if ids is not None else [], np.int64),
+                                  np.asarray(out_ids if out_ids is not None else [], np.int64)])
+            for length in index.seq_lens.get(k, ()):
+                digests[(k, length)] = digest(seq[:length])
+        interval = intervals[i]
+        if interval is None:
+            xs, source = [], "none"
+        elif "spec_trace" in extras[i]:
+            trace = extras[i]["spec_trace"]
+            xs, source = (verify_crossings(trace, interval), "reported") if trace is not None else \
+                (inferred_crossings(input_len, output_len, interval), "inferred")
+            xs = [crossing_dict(x) for x in xs]
+        elif reported[i] is not None:
+            xs, source = reported[i], "reported"
+        else:
+            xs, source = [crossing_dict(x) for x in inferred_crossings(input_len, output_len, interval)], "inferred"
+        ref_len = None
+        if has_ref[i]:
+            r_out = r_extras[i]["output_ids"] if "output_ids" in r_extras[i] else None
+            ref_len = len(r_out or []) if "output_ids" in r_extras[i] else int(rside.ids_len[i])
+        row = row_of(rec, classes[i], interval, input_len, output_len, ref_len, xs, source)
+        for c in REQUEST_COLUMNS:
+            cols[c].append(row[c])
+
+
+def _inputs(tb, ks, recs, extras, absents, index, store, prompts) -> dict[int, object]:
+    """Input ids (numpy, or the record's own value) of the batch rows that need them: rows whose prefixes the
+    links compare, rows without an input_len."""
+    need = [i for i, k in enumerate(ks) if k in index.in_len or k in index.seq_lens or not recs[i].get("input_len")]
+    if not need:
+        return {}
+    start, length, values = _list(tb.column("input_ids"))
+    flat = values.to_numpy(zero_copy_only=False)
+    valid = tb.column("input_ids").is_valid().to_numpy(zero_copy_only=False)
+    out: dict[int, object] = {}
+    stored = []
+    for i in need:
+        if "input_ids" in extras[i]:
+            out[i] = extras[i]["input_ids"]
+        elif valid[i]:
+            out[i] = flat[start[i]:start[i] + length[i]]
+        elif "input_ids" in absents[i]:
+            out[i] = None
+        else:
+            stored.append(i)
+    if stored:
+        hashes = [tb.column("input_hash")[i].as_py() for i in stored]
+        missing = [h for h in hashes if h not in prompts]
+        if missing:
+            raise ValueError(f"{store.reader.run_dir / 'records'}: a record's input ids are stored under input_hash "
+                             f"{missing[0]}, but no prompts.parquet holds it (the run directory is damaged)")
+        ids = store.prompt_ids([prompts[h] for h in hashes])
+        p_start, p_len, p_vals = _list(ids)
+        p_flat = p_vals.to_numpy(zero_copy_only=False)
+        for n, i in enumerate(stored):
+            out[i] = p_flat[p_start[n]:p_start[n] + p_len[n]]
+    return out
