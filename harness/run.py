@@ -201,7 +201,10 @@ def open_run_dir(cfg: RunConfig, target: Target, plan: Plan) -> tuple[Path, RunL
     resumed) or the resumed one, and its writer lock (RunLocked when another process writes there)."""
     if cfg.resume:
         run_dir = Path(cfg.resume)
-        return run_dir, RunLock.acquire(run_dir)
+        lock = RunLock.acquire(run_dir)
+        if lock.taken_over:
+            print(f"note: took over the lock of {run_dir} from pid {lock.taken_over.get('pid')} (no longer running)")
+        return run_dir, lock
     run_dir = create_run_dir(cfg.runs_dir, cfg.run_id or new_run_id(), latest=False)
     lock = RunLock.acquire(run_dir)
     try:
