@@ -188,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\nterminated" if isinstance(e, Terminated) else "\ninterrupted", file=sys.stderr)
         return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
     finally:
-        if in_main:
+        if in_main and previous is not None:  # None: a handler not set from Python, which cannot be put back
             signal.signal(signal.SIGTERM, previous)
 
 
 def _on_sigterm(signum, frame) -> None:
-    raise Terminated()
+    raise Terminated()  # in the main thread, wherever it is: unwinds through every cleanup as Ctrl-C does
 
 
 def open_run_dir(cfg: RunConfig, target: Target, plan: Plan) -> tuple[Path, RunLock]:
