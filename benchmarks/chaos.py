@@ -4,7 +4,7 @@
         [harness flags, default: --model-path random --model-preset tiny --intervals 128 --concurrency 1,4]
 
 Runs `python -m harness.run` into one runs directory: `clean`, then one run per
-scenario (harness/chaos_scenarios in benchmarks/chaos_faults.py):
+scenario (the node and signal ones are in benchmarks/chaos_faults.py):
 
 * `kills`: a seeded monkey kills up to `--kills` replica servers (candidate or
   reference, at random, at least `--gap` seconds apart, once something is recorded);
@@ -13,7 +13,7 @@ scenario (harness/chaos_scenarios in benchmarks/chaos_faults.py):
   worker node is killed (its processes SIGKILLed) once something is recorded.
 * `signals`: SIGINT and SIGTERM at three phases each (`probe`: replicas starting;
   `drive`: a third of the records written; `render`: the report being built),
-  each run then finished with `--resume`.
+  each run then finished with `--resume`; or one of them, e.g. `sigterm-render`.
 
 `--sessions N` runs the first N sessions of the I = 128 frozen suite (a small run).
 Prints the figures per scenario and exits 0 when every scenario's records are
@@ -162,10 +162,13 @@ def main() -> int:
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="specgate-chaos-"))
     if args.sessions:
         harness_args = with_suite(harness_args, small_suite(runs_dir / "suite.jsonl", args.sessions))
+    from chaos_faults import SIGNAL_SCENARIOS, node_scenario, signal_scenarios  # noqa: E402 - Ray's test cluster
+
     scenarios = args.scenarios.split(",")
-    unknown = set(scenarios) - {"kills", "node", "signals"}
+    unknown = set(scenarios) - {"kills", "node", "signals", *SIGNAL_SCENARIOS}
     if unknown:
-        p.error(f"--scenarios: unknown {', '.join(sorted(unknown))} (kills, node, signals)")
+        p.error(f"--scenarios: unknown {', '.join(sorted(unknown))} (kills, node, signals, or one of "
+                f"{', '.join(SIGNAL_SCENARIOS)})")
     tag = f"{os.getpid()}"
     rc_clean, t_clean, _, out_clean = run_harness(runs_dir, f"clean-{tag}", harness_args)
     verdict = (rc_clean, headline(out_clean))
@@ -179,13 +182,12 @@ def main() -> int:
               f"{len(killed)} kill(s) at {[t for t, _ in killed]} s")
         show(figures)
         good &= rc_chaos == rc_clean and ok(figures)
-    from chaos_faults import node_scenario, signal_scenarios  # noqa: E402 - only these need Ray's test cluster
-
     results = []
     if "node" in scenarios:
         results.append(node_scenario(runs_dir, f"node-{tag}", harness_args))
-    if "signals" in scenarios:
-        results += signal_scenarios(runs_dir, tag, harness_args)
+    signals = SIGNAL_SCENARIOS if "signals" in scenarios else [s for s in SIGNAL_SCENARIOS if s in scenarios]
+    if signals:
+        results += signal_scenarios(runs_dir, tag, harness_args, signals)
     for r in results:
         figures = compare(runs_dir / f"clean-{tag}", runs_dir / r["run_id"])
         same = (r["exit"], r["verdict"]) == verdict

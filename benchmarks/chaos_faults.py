@@ -87,13 +87,16 @@ def _wait_phase(proc: subprocess.Popen, lines: list[str], run_dir: Path, phase: 
 def interrupted_run(runs_dir: Path, run_id: str, args: list[str], sig: int, phase: str, third: int) -> dict:
     """Start a run, send `sig` at `phase`, then `--resume` it; the figures of both runs."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")  # the phase is read from its output as it comes
+    # as from a terminal: a shell starts background jobs with SIGINT ignored, which Python (and so the harness)
+    # keeps; Ctrl-C reaches a foreground harness with the default disposition
     proc = subprocess.Popen(harness_command(runs_dir, run_id, args), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
-    landed = _wait_phase(proc, lines, runs_dir / run_id, phase, third)
-    if landed:
+    landed = _wait_phase(proc, lines, runs_dir / run_id, phase, third) and "\nreport: " not in "\n" + "".join(lines)
+    if landed:  # (else the run printed its report first: it is over)
         proc.send_signal(sig)
     rc = proc.wait(timeout=600)
     reader.join(timeout=10)
@@ -113,9 +116,12 @@ def interrupted_run(runs_dir: Path, run_id: str, args: list[str], sig: int, phas
             "left": left_stopped + left_serving(run_id)}
 
 
-def signal_scenarios(runs_dir: Path, tag: str, args: list[str]) -> list[dict]:
-    """SIGINT and SIGTERM at each phase, each followed by `--resume`."""
+SIGNAL_SCENARIOS = [f"{s}-{p}" for s in ("sigint", "sigterm") for p in PHASES]
+
+
+def signal_scenarios(runs_dir: Path, tag: str, args: list[str], names: list[str] = SIGNAL_SCENARIOS) -> list[dict]:
+    """The signal scenarios `names` (sigint-probe, ..., sigterm-render), each followed by `--resume`."""
     clean = sum(r["role"] == "candidate" for r in records(runs_dir / f"clean-{tag}"))
-    return [interrupted_run(runs_dir, f"{signal.Signals(sig).name.lower()}-{phase}-{tag}", args, sig, phase,
-                            max(1, clean // 3))
-            for sig in (signal.SIGINT, signal.SIGTERM) for phase in PHASES]
+    sigs = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM}
+    return [interrupted_run(runs_dir, f"{name}-{tag}", args, sigs[name.split("-")[0]], name.split("-")[1],
+                            max(1, clean // 3)) for name in names]

@@ -295,4 +295,6 @@ def execute(target: Target, run_dir: Path, run_id: str, probed: tuple[Plan, dict
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the run is over: a late SIGTERM must not replace its status
+    sys.exit(status)
