@@ -32,8 +32,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def endpoints():
-    """A slow candidate (I = 16) and reference: a run of 6 sessions takes a few seconds."""
-    argvs = (candidate_args(16, "--token-delay", "0.02"), reference_args("--token-delay", "0.02"))
+    """A slow candidate (I = 16) and reference: a run of 6 sessions takes several seconds (36 candidate requests of
+    8 tokens, 0.04 s each), long enough to be caught while it writes."""
+    argvs = (candidate_args(16, "--token-delay", "0.04"), reference_args("--token-delay", "0.04"))
     with server_processes(FAKE_SERVER, argvs, "fake servers") as urls:
         yield urls
 
@@ -82,8 +83,8 @@ def test_a_lock_of_a_dead_process_is_taken_over(tmp_path, endpoints, capsys):
     sessions = make_sessions(3)
     assert main([*harness_args(tmp_path, endpoints, sessions), "--run-id", "r2"]) == 0
     run_dir = tmp_path / "runs" / "r2"
-    dead = subprocess.Popen([sys.executable, "-c", f"from records.lock import RunLock; RunLock.acquire({str(run_dir)!r})"
-                             "; import time; time.sleep(60)"], cwd=REPO)
+    hold = f"from records.lock import RunLock; RunLock.acquire({str(run_dir)!r}); import time; time.sleep(60)"
+    dead = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO)
     deadline = time.monotonic() + 30
     while not (run_dir / LOCK_FILE).exists():
         assert time.monotonic() < deadline
@@ -102,9 +103,9 @@ def test_sigterm_exits_143_with_the_resume_hint(tmp_path, endpoints):
     run = start_run(tmp_path, endpoints, make_sessions(6, turns=3), "r3")
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=60)
-    assert run.returncode == 143, err
+    assert run.returncode == 143, out + err
     run_dir = tmp_path / "runs" / "r3"
     assert f"terminated (SIGTERM); records so far are kept. Finish with: python -m harness.run --resume {run_dir}" \
         in err
-    assert "Traceback" not in err and not (run_dir / LOCK_FILE).exists()
+    assert "Traceback" not in err and not (run_dir / LOCK_FILE).exists(), err
     assert os.readlink(tmp_path / "runs" / "latest") == "r3"
