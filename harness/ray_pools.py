@@ -185,6 +185,10 @@ class RayPools:
             except Exception:  # noqa: BLE001
                 pass
         if self.started_ray:
+            handler = signal.getsignal(signal.SIGTERM)
             ray.shutdown()
+            if callable(handler) and threading.current_thread() is threading.main_thread():
+                # Ray's core worker leaves SIGTERM at the OS default when it shuts down, behind Python's back
+                signal.signal(signal.SIGTERM, handler)
             if self.temp_dir:
                 shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -4,6 +4,7 @@ does not move runs/latest; a local Ray lives in a temporary directory of its own
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,14 @@ def test_a_run_refused_for_too_few_cpus_leaves_no_run_directory(workdir, capsys)
     assert "starting a local Ray" in out
 
 
-def test_a_local_ray_has_its_own_temp_directory(tmp_path):
+def sigterm_caught() -> bool:
+    """Whether this process catches SIGTERM, as the kernel sees it (Python's own view can be stale)."""
+    mask = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("SigCgt:"))
+    return bool(int(mask.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+def test_a_local_ray_has_its_own_temp_directory_and_leaves_sigterm_to_the_harness(tmp_path):
+    """The SIGTERM handler survives ray.init and ray.shutdown (c76ee7a: Ray's, then the OS default: exit -15)."""
     ray = pytest.importorskip("ray")
     from harness.config import RunConfig
     from harness.ray_pools import RayPools
@@ -40,11 +48,20 @@ def test_a_local_ray_has_its_own_temp_directory(tmp_path):
         ray.shutdown()
     cfg = RunConfig(intervals=(16,), block_size=4, num_cpus=1)
     pools = RayPools(cfg, builtin_plan(cfg, make_sessions(1)), "tmpdir", launch=None)
-    pools.connect()
+    def ours(signum, frame) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, ours)
     try:
+        pools.connect()
+        assert signal.getsignal(signal.SIGTERM) is ours and sigterm_caught()
         session = Path(ray._private.worker._global_node.get_session_dir_path())
         assert pools.temp_dir and Path(pools.temp_dir).name.startswith("specgate-ray-")
         assert session.parent == Path(pools.temp_dir)  # not /tmp/ray, where any `ray start` leaves its address
     finally:
         pools.close()
+        handler = signal.getsignal(signal.SIGTERM)
+        caught = sigterm_caught()
+        signal.signal(signal.SIGTERM, previous)
     assert not ray.is_initialized() and not Path(pools.temp_dir).exists()
+    assert handler is ours and caught
