@@ -1,15 +1,26 @@
-"""Chaos run: the frozen suite while replicas are SIGKILLed at random, compared with an uninterrupted run.
+"""Chaos run: the frozen suite under faults, each compared with an uninterrupted run.
 
-    python benchmarks/chaos.py --kills 4 --seed 1 [harness flags, default: --model-path random
-        --model-preset tiny --intervals 128 --concurrency 1,4]
+    python benchmarks/chaos.py --kills 4 --seed 1 [--scenarios kills,node,signals] [--sessions N]
+        [harness flags, default: --model-path random --model-preset tiny --intervals 128 --concurrency 1,4]
 
-Runs `python -m harness.run` twice into one runs directory: `clean`, then `chaos`,
-during which a seeded monkey kills up to `--kills` replica servers (candidate or
-reference, picked at random, at least `--gap` seconds apart, each once its run has
-recorded something). Ray restarts them; the driver re-sends what was in flight.
-Prints the figures and exits 0 when the chaos run's records are complete,
-duplicate-free, error-free and its outputs equal the clean run's (every candidate
-key and every reference input), else 1.
+Runs `python -m harness.run` into one runs directory: `clean`, then one run per
+scenario (the node and signal ones are in benchmarks/chaos_faults.py):
+
+* `kills`: a seeded monkey kills up to `--kills` replica servers (candidate or
+  reference, at random, at least `--gap` seconds apart, once something is recorded);
+  Ray restarts them and the driver re-sends what was in flight.
+* `node`: the run on a two-node local cluster (`ray.cluster_utils.Cluster`) whose
+  worker node is killed (its processes SIGKILLed) once something is recorded.
+* `signals`: SIGINT and SIGTERM at three phases each (`probe`: replicas starting;
+  `drive`: a third of the records written; `render`: the report being built),
+  each run then finished with `--resume`; or one of them, e.g. `sigterm-render`.
+
+`--sessions N` runs the first N sessions of the I = 128 frozen suite (a small run).
+Prints the figures per scenario and exits 0 when every scenario's records are
+complete, duplicate-free (a raw count of keys, journals and parts), error-free,
+its outputs equal the clean run's (every candidate key and every reference input),
+its verdict (exit status and headline) is the clean run's, and nothing of it
+serves after the harness exited; else 1.
 """
 
 from __future__ import annotations
@@ -83,14 +94,19 @@ class Monkey(threading.Thread):
             self.killed.append((round(time.monotonic() - t0, 1), pid))
 
 
+def harness_command(runs_dir: Path, run_id: str, args: list[str]) -> list[str]:
+    """`python -m harness.run` into `runs_dir/run_id`."""
+    return [sys.executable, "-m", "harness.run", *args, "--runs-dir", str(runs_dir), "--run-id", run_id,
+            "--no-progress"]
+
+
 def run_harness(runs_dir: Path, run_id: str, args: list[str], kills: int = 0, seed: int = 0,
-                gap: float = 8.0) -> tuple[int, float, list]:
-    """One `python -m harness.run`; with `kills`, a Monkey runs beside it. Returns (exit, seconds, kills)."""
-    cmd = [sys.executable, "-m", "harness.run", *args, "--runs-dir", str(runs_dir), "--run-id", run_id,
-           "--no-progress"]
+                gap: float = 8.0) -> tuple[int, float, list, str]:
+    """One `python -m harness.run`; with `kills`, a Monkey runs beside it. Returns (exit, seconds, kills, output)."""
     monkey = Monkey(run_id, runs_dir / run_id, kills, seed, gap) if kills else None
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(harness_command(runs_dir, run_id, args), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     if monkey:
         monkey.start()
     out, _ = proc.communicate()
@@ -99,13 +115,13 @@ def run_harness(runs_dir: Path, run_id: str, args: list[str], kills: int = 0, se
         monkey.join()
     took = time.monotonic() - t0
     print(f"--- {run_id}: exit {proc.returncode} in {took:.1f}s\n" + "\n".join(out.splitlines()[-12:]))
-    return proc.returncode, took, monkey.killed if monkey else []
+    return proc.returncode, took, monkey.killed if monkey else [], out
 
 
 def compare(clean_dir: Path, chaos_dir: Path) -> dict:
     """Figures: record counts, duplicates, errors, retries, cache_lost, and outputs that differ."""
     clean, chaos = records(clean_dir), records(chaos_dir)
-    keys = Counter(r["key"] for r in chaos)
+    keys = Counter((r["role"], r["key"]) for r in chaos)
     by_key = {r["key"]: r for r in clean}
     mine = {r["key"]: r for r in chaos}
     return {
@@ -122,27 +138,93 @@ def compare(clean_dir: Path, chaos_dir: Path) -> dict:
     }
 
 
+def ok(figures: dict) -> bool:
+    """Complete, duplicate-free, error-free, the clean run's outputs."""
+    return not (figures["duplicates"] or figures["missing"] or figures["extra"] or figures["errors"]
+                or figures["outputs_differ"])
+
+
+def show(figures: dict) -> None:
+    for k, v in figures.items():
+        print(f"  {k}: {v if not isinstance(v, list) or len(v) < 10 else f'{len(v)} ({v[:10]} ...)'}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=4, help="replica servers to kill at most")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--gap", type=float, default=8.0, help="mean seconds between kills")
     p.add_argument("--runs-dir", type=Path, default=None, help="default: a temporary directory")
+    p.add_argument("--scenarios", default="kills", help="comma list of kills, node, signals (default: kills)")
+    p.add_argument("--sessions", type=int, default=None, help="the first N sessions of the I = 128 frozen suite")
     args, harness_args = p.parse_known_args()
     harness_args = harness_args or DEFAULT_ARGS
     runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="specgate-chaos-"))
+    if args.sessions:
+        harness_args = with_suite(harness_args, small_suite(runs_dir / "suite.jsonl", args.sessions))
+    from chaos_faults import SIGNAL_SCENARIOS, node_scenario, signal_scenarios  # noqa: E402 - Ray's test cluster
+
+    scenarios = args.scenarios.split(",")
+    unknown = set(scenarios) - {"kills", "node", "signals", *SIGNAL_SCENARIOS}
+    if unknown:
+        p.error(f"--scenarios: unknown {', '.join(sorted(unknown))} (kills, node, signals, or one of "
+                f"{', '.join(SIGNAL_SCENARIOS)})")
     tag = f"{os.getpid()}"
-    rc_clean, t_clean, _ = run_harness(runs_dir, f"clean-{tag}", harness_args)
-    rc_chaos, t_chaos, killed = run_harness(runs_dir, f"chaos-{tag}", harness_args, args.kills, args.seed, args.gap)
-    figures = compare(runs_dir / f"clean-{tag}", runs_dir / f"chaos-{tag}")
-    print(f"clean: exit {rc_clean} in {t_clean:.1f}s; chaos: exit {rc_chaos} in {t_chaos:.1f}s, "
-          f"{len(killed)} kill(s) at {[t for t, _ in killed]} s")
-    for k, v in figures.items():
-        print(f"  {k}: {v if not isinstance(v, list) or len(v) < 10 else f'{len(v)} ({v[:10]} ...)'}")
-    ok = (rc_clean == rc_chaos == 0 and not figures["duplicates"] and not figures["missing"]
-          and not figures["extra"] and not figures["errors"] and not figures["outputs_differ"])
-    print("OK: complete, duplicate-free, outputs equal the uninterrupted run's" if ok else "FAILED")
-    return 0 if ok else 1
+    rc_clean, t_clean, _, out_clean = run_harness(runs_dir, f"clean-{tag}", harness_args)
+    verdict = (rc_clean, headline(out_clean))
+    print(f"clean: exit {rc_clean} in {t_clean:.1f}s, verdict {verdict[1]!r}")
+    good = rc_clean == 0
+    if "kills" in scenarios:
+        rc_chaos, t_chaos, killed, out = run_harness(runs_dir, f"chaos-{tag}", harness_args, args.kills, args.seed,
+                                                     args.gap)
+        figures = compare(runs_dir / f"clean-{tag}", runs_dir / f"chaos-{tag}")
+        print(f"clean: exit {rc_clean} in {t_clean:.1f}s; chaos: exit {rc_chaos} in {t_chaos:.1f}s, "
+              f"{len(killed)} kill(s) at {[t for t, _ in killed]} s")
+        show(figures)
+        good &= rc_chaos == rc_clean and ok(figures)
+    results = []
+    if "node" in scenarios:
+        results.append(node_scenario(runs_dir, f"node-{tag}", harness_args))
+    signals = SIGNAL_SCENARIOS if "signals" in scenarios else [s for s in SIGNAL_SCENARIOS if s in scenarios]
+    if signals:
+        results += signal_scenarios(runs_dir, tag, harness_args, signals)
+    for r in results:
+        figures = compare(runs_dir / f"clean-{tag}", runs_dir / r["run_id"])
+        same = (r["exit"], r["verdict"]) == verdict
+        print(f"scenario {r['name']}: {r['what']}; final exit {r['exit']}, verdict {r['verdict']!r} "
+              f"({'same as' if same else 'DIFFERS from'} the clean run); left serving after exit: {r['left']}")
+        show(figures)
+        good &= same and ok(figures) and not r["left"]
+    print("OK: complete, duplicate-free, outputs equal the uninterrupted run's" if good else "FAILED")
+    return 0 if good else 1
+
+
+def headline(output: str) -> str | None:
+    """The verdict line a run printed (PASS / FAIL / INCONCLUSIVE: ...), None if it printed none."""
+    lines = [ln for ln in output.splitlines() if ln.split(":")[0] in ("PASS", "FAIL", "INCONCLUSIVE")]
+    return lines[-1] if lines else None
+
+
+def small_suite(path: Path, n: int) -> Path:
+    """The first `n` I = 128 sessions of the committed frozen suite, as a workload file."""
+    import json
+
+    from workloads.corpus import DATA_DIR
+
+    rows = [ln for ln in (DATA_DIR / "frozen.jsonl").read_text().splitlines() if json.loads(ln)["interval"] == 128]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rows[:n]) + "\n")
+    return path
+
+
+def with_suite(args: list[str], suite: Path) -> list[str]:
+    """`args` with `--suite` set to `suite`."""
+    out = list(args)
+    if "--suite" in out:
+        out[out.index("--suite") + 1] = str(suite)
+    else:
+        out += ["--suite", str(suite)]
+    return out
 
 
 if __name__ == "__main__":

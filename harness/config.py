@@ -8,9 +8,7 @@ key `foo_bar`.
 from __future__ import annotations
 
 import re
-import shlex
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 
 from harness.engine_args import COVER_ARGS
 from harness.errors import ConfigError
@@ -23,14 +21,6 @@ KINDS = ("int", "float", "str", "bool", "ints", "floats", "strs", "cmd", "args")
 ARRIVALS = ("constant", "poisson")  # --arrival: how open-loop (--request-rate) send times are spaced
 DTYPES = ("float32", "bfloat16")  # --dtype of the built-in engine's pools
 
-# Settings that define what a run measures; a resume must not change them.
-RESUME_FIXED = ("suite", "num_requests", "seed", "intervals", "concurrency", "block_size", "model_path",
-                "model_preset", "inject_fault", "page_size", "tp_size", "server_command", "backend", "tokenizer",
-                "candidate_args", "diagnose", "cover", "engine", "calibrate", "dtype", "request_rate", "arrival",
-                "warmup", "duration")
-# Settings a resume never takes from the run directory (a file anyone with write access to it could have
-# edited) unless --trust-run-config: a command to run on every node, a Ray cluster to hand work to.
-NOT_FROM_RUN_DIR = ("server_command", "address")
 GATE = GateThresholds()  # the gate's defaults, defined once in reports/gate.py
 
 
@@ -141,9 +131,10 @@ class RunConfig:
         None, "float", f"gate: largest |candidate - reference| log-prob that counts as numerics (default "
         f"{GATE.drift_tolerance:g} for built-in replicas, {EXTERNAL_DRIFT_TOLERANCE:g} for --endpoint engines)")
     dry_run: bool = setting(False, "bool", "print the plan (with each pool's server command) and exit")
-    trust_run_config: bool = setting(False, "bool", "with --resume: run the --server-command and join the "
-                                     "--address stored in RUN_DIR/config.json (shown first); without it a resume "
-                                     "takes both from this command line only")
+    trust_run_config: bool = setting(False, "bool", "with --resume: use what RUN_DIR/config.json says to run "
+                                     "(engine, interpreters, server command and flags, model, tokenizer) and its "
+                                     "--address, each shown first; without it a resume takes them from this "
+                                     "command line only")
     no_progress: bool = setting(False, "bool", "no live progress bar")
 
     def __post_init__(self) -> None:
@@ -183,10 +174,12 @@ class RunConfig:
 
 
 def kind_of(name: str) -> str:
+    """How the setting `name` is parsed (one of KINDS)."""
     return RunConfig.__dataclass_fields__[name].metadata["kind"]
 
 
 def flag(name: str) -> str:
+    """The command-line flag of the setting `name`."""
     return "--" + name.replace("_", "-")
 
 
@@ -254,42 +247,3 @@ def validate(c: RunConfig) -> None:
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
 
-
-def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path) -> RunConfig:
-    """The config of a resumed run: the saved one, with only runtime settings taken from `given`.
-
-    The server command and the Ray address are never taken from the run directory unless
-    `given.trust_run_config`. Raises ConfigError when a flag that defines the measurement was given
-    with another value, or when the run used a server command that this command line does not repeat.
-    """
-    known = {f.name for f in fields(RunConfig)}
-    base = {k: v for k, v in saved.items() if k in known}
-    for k, v in base.items():
-        if v is not None and kind_of(k) in ("ints", "floats", "strs", "cmd", "args"):
-            base[k] = tuple(v)
-    stored_cmd = base.get("server_command")
-    if stored_cmd is not None and not all(isinstance(x, str) for x in stored_cmd):
-        raise ConfigError(f"{run_dir}/config.json: server_command must be a list of strings, got {stored_cmd!r}")
-    if not given.trust_run_config:
-        for k in NOT_FROM_RUN_DIR:
-            base[k] = getattr(given, k)
-        if stored_cmd is not None and "server_command" not in explicit:
-            raise ConfigError(
-                f"--resume {run_dir}: the run used --server-command {shlex.join(stored_cmd)!r}; a resume never "
-                "runs a command stored in a run directory: give --server-command again, or --trust-run-config "
-                "to run the stored one")
-        if stored_cmd is not None:
-            base["server_command"] = stored_cmd  # compared with the given one below
-    for k in sorted(explicit - {"resume"}):
-        if k in RESUME_FIXED and getattr(given, k) != base.get(k):
-            raise ConfigError(f"{flag(k)} cannot change on --resume (the run used {base.get(k)!r})")
-    overrides = {k: getattr(given, k) for k in explicit if k in known and k not in RESUME_FIXED}
-    if base.get("api_key") == "***":
-        base["api_key"] = None
-    base.update(overrides)
-    base.update(run_id=run_dir.name, runs_dir=str(run_dir.parent), resume=str(run_dir), dry_run=given.dry_run,
-                trust_run_config=given.trust_run_config)
-    try:
-        return RunConfig(**base)
-    except TypeError as e:
-        raise ConfigError(f"{run_dir}/config.json: unusable run config ({e})") from None

@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,18 +31,11 @@ if TYPE_CHECKING:
 
 
 def resolve_address(address: str | None) -> str | None:
-    """The Ray address to join: the given one, else `auto` on a node of a running `ray start` cluster."""
-    if address:
-        return address
-    try:
-        from ray._private.services import find_bootstrap_address, find_gcs_addresses
+    """The Ray address to join: only the one given (--address, else RAY_ADDRESS); None starts a local Ray.
 
-        current = find_bootstrap_address(None)
-        if current and current in find_gcs_addresses():
-            return "auto"
-    except Exception:  # noqa: BLE001 - private API moved: fall back to a local Ray
-        pass
-    return None
+    Never found by itself: a `ray start` address file in the default temp directory may be another user's
+    cluster, so a cluster of this machine is joined with `--address auto` only."""
+    return address or None
 
 
 def replica_bundles(tp_size: int) -> list[dict]:
@@ -70,6 +66,7 @@ class RayPools:
         self.cfg, self.plan, self.run_id, self.launch = cfg, plan, run_id, launch
         self.log_dir, self.backend = log_dir, backend
         self.started_ray = False
+        self.temp_dir: str | None = None  # a local Ray's own temp directory, removed with it
         self.actors: list = []
         self.groups: list = []
         self.api_key = cfg.api_key or secrets.token_urlsafe(32)  # what the driver sends to this run's replicas
@@ -81,17 +78,27 @@ class RayPools:
         return max(os.cpu_count() or 1, replicas * self.cfg.tp_size + 1)
 
     def connect(self) -> None:
+        """Join the cluster `--address` names, else start a local Ray in a temporary directory of its own (a
+        `ray start` elsewhere on this machine is never joined). SIGTERM keeps the harness's handler."""
         import ray
 
         if ray.is_initialized():
             return  # an embedding program (or a test) already connected
         address = resolve_address(self.cfg.address)
-        if address:
-            print(f"connecting to the Ray cluster at {address}")
-            ray.init(address=address, include_dashboard=False, log_to_driver=False)
-        else:
-            print("starting a local Ray (no --address / RAY_ADDRESS)")
-            ray.init(num_cpus=self.cfg.num_cpus or self.local_cpus(), include_dashboard=False, log_to_driver=False)
+        previous = signal.getsignal(signal.SIGTERM)  # ray.init replaces it with one that aborts the run
+        try:
+            if address:
+                print(f"connecting to the Ray cluster at {address}")
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                print("starting a local Ray (no --address / RAY_ADDRESS)")
+                # a short path: Ray's socket names under it must fit the 107-byte limit of a Unix socket
+                self.temp_dir = tempfile.mkdtemp(prefix="specgate-ray-", dir="/tmp" if os.name == "posix" else None)
+                ray.init(address="local", _temp_dir=self.temp_dir, num_cpus=self.cfg.num_cpus or self.local_cpus(),
+                         include_dashboard=False, log_to_driver=False)
+        finally:
+            if previous is not None and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
         self.started_ray = True
 
     def bind(self) -> str:
@@ -178,4 +185,10 @@ class RayPools:
             except Exception:  # noqa: BLE001
                 pass
         if self.started_ray:
+            handler = signal.getsignal(signal.SIGTERM)
             ray.shutdown()
+            if callable(handler) and threading.current_thread() is threading.main_thread():
+                # Ray's core worker leaves SIGTERM at the OS default when it shuts down, behind Python's back
+                signal.signal(signal.SIGTERM, handler)
+            if self.temp_dir:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -4,9 +4,11 @@ The actor starts the server on a free port, waits for /health and reports
 `(url, node_id, log)`. A watchdog thread exits the actor process when the server
 dies, so Ray restarts the actor (at most `--max-replica-restarts` times), which
 starts a new server and reports the first lines of its predecessor's crash:
-restart policy stays Ray's. The server is started through a tiny launcher that
-sets PR_SET_PDEATHSIG, so it dies with its actor instead of leaking, and adds the
-pool's niceness (`--reference-nice` for the reference pool) before it execs.
+restart policy stays Ray's. A server dies with its actor, whatever kills it: the
+server is started through a tiny launcher that sets PR_SET_PDEATHSIG and forks a
+watchdog that ends the server once the actor's pid is gone, and the actor exits
+(stopping its server) once its raylet is gone (a node killed under it). The
+launcher also adds the pool's niceness (`--reference-nice`) before it execs.
 
 Nothing secret is on a command line: the API key and the tensor-parallel group's
 secret reach the server in its environment (SPECGATE_API_KEY, SPECGATE_TP_SECRET),
@@ -17,7 +19,6 @@ is this one node (`bind="loopback"`), the node's address otherwise.
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import socket
 import subprocess
@@ -30,18 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.launcher import LAUNCHER as _LAUNCHER
 from harness.rank_actor import RankActor
+from harness.server_logs import crash_excerpt, log_tail, previous_log, read_log_excerpt  # noqa: F401 - importers
 
-# exec the real command with PR_SET_PDEATHSIG=SIGKILL: the server dies with the thread that started it
-_LAUNCHER = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
-    "os.getppid() == int(sys.argv[1]) or sys.exit(1)\n"
-    "os.nice(int(os.environ.pop('SPECGATE_NICE', '0')))\n"  # before exec: every thread of the server inherits it
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
-LOG_TAIL_BYTES = 3000
-EXCERPT_LINES = 25
+NODE_CHECK_S = 1.0  # how often a replica actor looks whether its raylet (its parent process) is still there
 API_KEY_ENV = "SPECGATE_API_KEY"  # engine/serve.py reads these two
 TP_SECRET_ENV = "SPECGATE_TP_SECRET"
 
@@ -89,49 +83,6 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def log_tail(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-LOG_TAIL_BYTES:].decode("utf-8", errors="replace")
-
-
-_CARETS, _EXCEPTION = re.compile(r"^(.*\] )?\s*[\^~]+\s*$"), re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception|Exit)\b: ")
-
-
-def crash_excerpt(text: str, lines: int = EXCERPT_LINES) -> str | None:
-    """The first lines of the crash in a server log: from its first traceback (else the first line saying the engine
-    died or failed), a long one cut to its head and its exception; else the log's last lines; None if empty."""
-    rows = [r for r in text.splitlines() if not _CARETS.match(r)]
-    if not any(r.strip() for r in rows):
-        return None
-    markers = ("Traceback (most recent call last)", "engine died", "engine loop failed", "Error", "error:")
-    for marker in markers:
-        start = next((i for i, r in enumerate(rows) if marker in r), None)
-        if start is not None:
-            end = next((i for i in range(start, len(rows)) if _EXCEPTION.search(rows[i])), start)
-            if end - start < lines:  # the first traceback, up to where the next one starts
-                stop = next((i for i in range(end, min(start + lines, len(rows))) if "Traceback" in rows[i]), None)
-                return "\n".join(rows[start:stop or start + lines])
-            return "\n".join(rows[start:start + 4] + ["  ..."] + rows[end - (lines - 6):end + 1])
-    return "\n".join(rows[-lines:])
-
-
-def read_log_excerpt(path: str) -> str | None:
-    """crash_excerpt of a log file on this node (run as a Ray task on the replica's node)."""
-    try:
-        return crash_excerpt(Path(path).read_text(encoding="utf-8", errors="replace"))
-    except OSError:
-        return None
-
-
-def previous_log(log_dir: Path, replica_id: str) -> Path | None:
-    """The newest log this replica left in `log_dir` (its crashed predecessor's, when Ray restarted it)."""
-    logs = [p for p in log_dir.glob(f"{replica_id}-*.log") if p.is_file()]
-    return max(logs, key=lambda p: p.stat().st_mtime) if logs else None
-
-
 class ReplicaServer:
     """Actor body (wrapped with ray.remote by harness.pools): owns one server subprocess."""
 
@@ -161,6 +112,7 @@ class ReplicaServer:
         self._serving = False
         self._proc: subprocess.Popen | None = None
         self.workdir = workdir if workdir and os.path.isdir(workdir) else None
+        self._watch_node()
         Path(log_dir).mkdir(parents=True, exist_ok=True)
         if self.restarts:  # what killed the incarnation before this one
             prev = previous_log(Path(log_dir), replica_id)
@@ -202,9 +154,7 @@ class ReplicaServer:
         env = self.environment(env, ServerSite(self.replica_id, self.host, self.log_dir, self.workdir, self.api_key))
 
         def watchdog() -> None:
-            launch = cmd
-            if sys.platform.startswith("linux"):
-                launch = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *cmd]
+            launch = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *cmd]
             try:
                 with open(self.log_path, "ab") as log:
                     self._proc = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT,
@@ -225,6 +175,24 @@ class ReplicaServer:
         started.wait()
         if failure:
             raise RuntimeError(f"replica {self.replica_id}: cannot start {cmd[0]}: {failure[0]}")
+
+    def _watch_node(self) -> None:
+        """Exit the actor, its server stopped first, once its raylet (the parent process) is gone: a worker whose
+        node died is re-parented and lives on, and so would its server."""
+        raylet = os.getppid()
+        if raylet <= 1:
+            return  # started by init itself: no raylet to watch
+
+        def watch() -> None:
+            while os.getppid() == raylet:
+                time.sleep(NODE_CHECK_S)
+            sys.stderr.write(f"[specgate] replica {self.replica_id}: its raylet (pid {raylet}) is gone; stopping "
+                             "the server and exiting\n")
+            self._stopping = True
+            self._terminate()
+            os._exit(1)
+
+        threading.Thread(target=watch, name=f"node-watch-{self.replica_id}", daemon=True).start()
 
     def _start_ranks(self, tp_size: int, port: int) -> None:
         """Ranks 1..N-1 as Ray actors in bundles 1..N-1 of this replica's placement group.

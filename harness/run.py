@@ -1,8 +1,9 @@
 """`python -m harness.run`: start pools, drive the workload, write records, report and gate.
 
 Exit status: 0 the gate passed, 1 the gate failed, 2 the harness itself failed
-(bad config, no cluster, a replica or endpoint unusable, no records), 130 interrupted
-(finish the run with `--resume RUN_DIR`).
+(bad config, no cluster, a replica or endpoint unusable, no records, the run directory
+in use by another process), 3 inconclusive (reports/gate.py), 130 interrupted (SIGINT)
+and 143 terminated (SIGTERM): finish the run with `--resume RUN_DIR`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import asyncio
 import json
 import os
 import platform
-import shlex
+import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import asdict, replace
@@ -23,22 +25,29 @@ import aiohttp
 from harness.backends import RequestError
 from harness.backends.metrics import counter_report, snapshot
 from harness.cli import from_argv
-from harness.config import ConfigError, RunConfig, for_resume
+from harness.config import ConfigError, RunConfig
 from harness.driver import Driver
 from harness.errors import HarnessError
 from harness.plan import Plan
 from harness.pools import Pool
 from harness.progress import Progress
+from harness.resume import for_resume, trusted_lines
 from harness.targets import Target, make_target
 from harness.workload import describe as describe_workload
 from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles, load_run
-from records.rundir import create_run_dir, load_config, new_run_id, update_latest, write_json
+from records.lock import RunLock, RunLocked
+from records.rundir import create_run_dir, discard_if_empty, load_config, new_run_id, update_latest, write_json
 from reports.gate import EXIT_HARNESS_FAILED, EXIT_PASS
 from reports.incidents import incident_lines
 from reports.render import render_run
 
-EXIT_INTERRUPTED = 130  # Ctrl-C; the run can be finished with --resume
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C); the run can be finished with --resume
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15, the shell's convention); finished with --resume too
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that it unwinds as Ctrl-C does: pools stopped, records kept."""
 
 
 def make_plan(target: Target, sessions: list | None = None, probe: bool = True) -> tuple[Plan, dict[str, dict]]:
@@ -158,24 +167,63 @@ def render(run_dir: Path, cfg: RunConfig) -> int:
 
 
 def resolve(argv: list[str] | None) -> RunConfig:
-    """The config (merged with a resumed run's saved one); the sessions come with the plan (make_plan), built
-    for what the pools run."""
+    """The config (merged with a resumed run's saved one, harness/resume.py); the sessions come with the plan
+    (make_plan), built for what the pools run. What a trusted resume takes from the run directory is printed."""
     cfg, explicit = from_argv(argv, os.environ)
     if cfg.resume:
         run_dir = Path(cfg.resume)
+        if run_dir.is_symlink():  # runs/latest: the run it names (its id is the directory's, not "latest")
+            run_dir = run_dir.resolve()
         try:
             saved = json.loads((run_dir / "config.json").read_text())["run_config"]
-        except (OSError, ValueError, KeyError) as e:
+            assert isinstance(saved, dict), "run_config is not an object"
+        except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
             raise ConfigError(f"--resume {run_dir}: not a run directory with a readable config.json ({e})") from None
         cfg = for_resume(saved, cfg, explicit, run_dir)
-        if cfg.trust_run_config and cfg.server_command:
-            print(f"--trust-run-config: running the server command stored in {run_dir / 'config.json'}: "
-                  f"{shlex.join(cfg.server_command)}")
+        if cfg.trust_run_config:
+            for line in trusted_lines(cfg, run_dir / "config.json"):
+                print(line)
     return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The CLI entry point; returns the exit status."""
+    """The CLI entry point; returns the exit status. SIGTERM unwinds like Ctrl-C (pools stopped, records kept)."""
+    in_main = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:  # before a run directory existed: nothing to resume
+        print("\nterminated" if isinstance(e, Terminated) else "\ninterrupted", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    finally:
+        if in_main and previous is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()  # in the main thread, wherever it is: unwinds through every cleanup as Ctrl-C does
+
+
+def open_run_dir(cfg: RunConfig, target: Target, plan: Plan) -> tuple[Path, RunLock]:
+    """The run directory, created (with a first config.json, so a run stopped before its servers came up can be
+    resumed) or the resumed one, and its writer lock (RunLocked when another process writes there)."""
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        lock = RunLock.acquire(run_dir)
+        if lock.taken_over:
+            print(f"note: took over the lock of {run_dir} from pid {lock.taken_over.get('pid')} (no longer running)")
+        return run_dir, lock
+    run_dir = create_run_dir(cfg.runs_dir, cfg.run_id or new_run_id(), latest=False)
+    lock = RunLock.acquire(run_dir)
+    try:
+        write_config(run_dir, cfg, target, run_dir.name, plan, [], resumed=False)
+    except BaseException:
+        lock.release()
+        raise
+    return run_dir, lock
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         cfg = resolve(argv)
         target = make_target(cfg)
@@ -188,30 +236,40 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, HarnessError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
-    run_dir = Path(cfg.resume) if cfg.resume else None
     try:
-        if run_dir is None:
-            run_dir = create_run_dir(cfg.runs_dir, cfg.run_id or new_run_id())
-        else:
-            update_latest(run_dir)
-    except FileExistsError as e:
+        run_dir, lock = open_run_dir(cfg, target, probed[0])
+    except (FileExistsError, RunLocked) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
     except OSError as e:
-        where = run_dir or Path(cfg.runs_dir)
+        where = Path(cfg.resume or cfg.runs_dir)
         print(f"specgate: error: cannot write the run directory under {where} ({e.strerror or e}); choose a "
               "writable --runs-dir", file=sys.stderr)
         return EXIT_HARNESS_FAILED
+    failed = True
+    try:
+        status = _run(cfg, target, run_dir, probed)
+        failed = status == EXIT_HARNESS_FAILED
+        return status
+    except KeyboardInterrupt as e:
+        failed = False  # what was recorded is kept, to be resumed
+        why = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"\n{why}; records so far are kept. Finish with: python -m harness.run --resume {run_dir}",
+              file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
+    finally:
+        lock.release()
+        if failed and not cfg.resume and discard_if_empty(run_dir):
+            print(f"specgate: removed {run_dir}: the run recorded nothing", file=sys.stderr)
+
+
+def _run(cfg: RunConfig, target: Target, run_dir: Path, probed: tuple[Plan, dict[str, dict]]) -> int:
+    """Start, drive, render; the exit status. A harness failure is reported here, never as a gate verdict."""
     try:
         print(f"run directory: {run_dir}")
         if probed[0].skipped_sessions:
             print(f"note: {probed[0].skipped_sessions} session(s) target an interval with no pool; they are skipped")
         progress = execute(target, run_dir, run_dir.name, probed)
-    except KeyboardInterrupt:
-        if run_dir is not None:
-            print(f"\ninterrupted; records so far are kept. Finish with: python -m harness.run --resume {run_dir}",
-                  file=sys.stderr)
-        return EXIT_INTERRUPTED
     except (HarnessError, FileExistsError, RequestError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
         return EXIT_HARNESS_FAILED
@@ -234,6 +292,7 @@ def execute(target: Target, run_dir: Path, run_id: str, probed: tuple[Plan, dict
     """
     plan, infos = probed or make_plan(target)
     with target.servers(plan, run_dir, run_id) as (cands, ref):
+        update_latest(run_dir)  # the servers are up: this is the run to look at (or resume)
         plan, infos = target.settle(plan, cands, ref, infos)
         progress = asyncio.run(drive(target.cfg, target, plan, cands, ref, run_dir, run_id,
                                      target.cfg.resume is not None, infos))
@@ -243,4 +302,6 @@ def execute(target: Target, run_dir: Path, run_id: str, probed: tuple[Plan, dict
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the run is over: a late SIGTERM must not replace its status
+    sys.exit(status)

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import time
 from pathlib import Path
 
@@ -29,14 +30,26 @@ def candidate_file(pool: str) -> str:
     return f"candidate-{pool}.jsonl"
 
 
-def create_run_dir(runs_dir: str | Path, run_id: str) -> Path:
-    """Make `runs_dir/run_id/records` (the run id must be new) and point `runs_dir/latest` at it."""
+def create_run_dir(runs_dir: str | Path, run_id: str, latest: bool = True) -> Path:
+    """Make `runs_dir/run_id/records` (the run id must be new); with `latest`, point `runs_dir/latest` at it
+    (the harness does so only once the run's servers are up, so that a refused run leaves the link alone)."""
     run_dir = Path(runs_dir) / run_id
     if run_dir.exists():
         raise FileExistsError(f"run directory {run_dir} already exists (use --resume {run_dir} to finish it)")
     (run_dir / "records").mkdir(parents=True)
-    update_latest(run_dir)
+    if latest:
+        update_latest(run_dir)
     return run_dir
+
+
+def discard_if_empty(run_dir: Path, keep: tuple[str, ...] = ("records", "logs")) -> bool:
+    """Remove a run directory whose `keep` subdirectories hold no file (a run refused before it recorded or
+    logged anything: nothing there to resume or read); True when removed."""
+    for sub in keep:
+        if any(p.is_file() for p in (run_dir / sub).rglob("*")):
+            return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True
 
 
 def update_latest(run_dir: Path) -> None:

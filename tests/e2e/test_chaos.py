@@ -28,3 +28,20 @@ def test_random_replica_kills_leave_the_records_equal_to_an_uninterrupted_run(tm
     turns = sum(len(s.turns) for s in generate_frozen((128,)))
     assert figures["records_clean"] == figures["records_chaos"] == str(3 * turns)
     assert "kill(s)" in out and ", 0 kill(s)" not in out  # the monkey did kill something
+
+
+@pytest.mark.timeout(2400)
+def test_a_killed_node_and_signals_at_three_phases_then_resume_equal_an_uninterrupted_run(tmp_path):
+    """Issue 27: the worker node of a two-node cluster killed mid-run; SIGINT and SIGTERM at probe, drive and
+    render, each followed by --resume: the records (counted raw, duplicates kept) and the verdict are the
+    uninterrupted run's, and nothing of a run serves after its harness exited."""
+    proc = subprocess.run([sys.executable, "benchmarks/chaos.py", "--scenarios", "node,signals", "--sessions", "3",
+                           "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=2300)
+    out = proc.stdout + proc.stderr
+    print(out[-6000:])
+    assert proc.returncode == 0, out[-6000:]
+    scenarios = re.findall(r"^scenario (\S+): (.*)$", proc.stdout, re.M)
+    assert [name for name, _ in scenarios] == ["node", "sigint-probe", "sigint-drive", "sigint-render",
+                                               "sigterm-probe", "sigterm-drive", "sigterm-render"]
+    assert all("(same as the clean run); left serving after exit: []" in line for _, line in scenarios)
+    assert all(f == "0" for f in re.findall(r"^  duplicates: (.*)$", proc.stdout, re.M))

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from harness.cli import from_argv
-from harness.config import ConfigError, RunConfig, for_resume
+from harness.config import ConfigError, RunConfig
 from harness.ray_pools import resolve_address
+from harness.resume import for_resume
 from harness.run import main
 from harness.targets.builtin import builtin_plan, server_args
 from harness.targets.endpoints import external_plan
@@ -69,7 +70,7 @@ def test_bad_flags_give_clear_errors(argv, message):
 
 def test_ray_address_resolution():
     assert resolve_address("10.0.0.1:6379") == "10.0.0.1:6379"
-    assert resolve_address(None) in (None, "auto")  # "auto" only on a node of a running `ray start` cluster
+    assert resolve_address(None) is None  # a local Ray: a `ray start` cluster is joined with --address auto only
 
 
 def test_bad_toml_keys_and_types(tmp_path):

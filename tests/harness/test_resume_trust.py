@@ -83,3 +83,79 @@ def test_an_unwritable_runs_dir_is_a_clear_error(tmp_path, capsys):
                  "--runs-dir", str(blocker / "runs")]) == 2
     err = capsys.readouterr().err
     assert "cannot write the run directory" in err and "--runs-dir" in err and "Traceback" not in err
+
+
+def tampered_run(tmp_path, **stored) -> tuple:
+    """A run directory whose config.json was edited to hold `stored`; the script it names would create MARKER."""
+    marker = tmp_path / "MARKER"
+    script = tmp_path / "evil.sh"
+    script.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    script.chmod(0o755)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    workload = write_workload(tmp_path / "w.jsonl", make_sessions(2))
+    saved = RunConfig(suite=str(workload), intervals=(16,), block_size=4, concurrency=(1,)).to_json()
+    saved.update({k: (str(script) if v == "SCRIPT" else str(model) if v == "MODEL" else v) for k, v in stored.items()})
+    run_dir = tmp_path / "runs" / "r1"
+    (run_dir / "records").mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"run_id": "r1", "run_config": saved}))
+    return run_dir, marker, script, model
+
+
+def test_a_tampered_engine_and_interpreter_are_refused_naming_both_values(tmp_path, capsys):
+    """Issue 27, finding 1: on c76ee7a this resume planned (and without --dry-run ran) the stored script."""
+    run_dir, marker, script, model = tampered_run(tmp_path, engine="vllm", vllm_python="SCRIPT",
+                                                  model_path="MODEL", backend="openai")
+    assert main(["--resume", str(run_dir), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "the run used --engine 'vllm', this command line gives 'builtin'" in err
+    assert "give --engine again, or --trust-run-config" in err
+    assert main(["--resume", str(run_dir), "--dry-run", "--engine", "vllm", "--model", str(model)]) == 2
+    assert f"the run used --vllm-python '{script}', this command line gives None" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("field, stored, shown", [
+    ("model_path", "MODEL", "--model-path '{model}', this command line gives 'default'"),
+    ("tokenizer", "MODEL", "--tokenizer '{model}', this command line gives None"),
+    ("candidate_args", ["--max-state-slots", "3"], "--candidate-args '--max-state-slots 3', this command line "
+                                                   "gives ''"),
+    ("sglang_python", "SCRIPT", "--sglang-python '{script}', this command line gives None"),
+])
+def test_every_setting_that_chooses_what_runs_is_refused_from_the_run_directory(tmp_path, capsys, field, stored,
+                                                                                 shown):
+    run_dir, marker, script, model = tampered_run(tmp_path, **{field: stored})
+    assert main(["--resume", str(run_dir), "--dry-run"]) == 2
+    assert "the run used " + shown.format(model=model, script=script) in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_trust_run_config_prints_each_stored_choice_before_the_plan(tmp_path, capsys):
+    run_dir, marker, script, model = tampered_run(tmp_path, model_path="MODEL",
+                                                  candidate_args=["--max-state-slots", "3"])
+    main(["--resume", str(run_dir), "--dry-run", "--trust-run-config"])
+    out = capsys.readouterr().out.splitlines()
+    path = run_dir / "config.json"
+    assert out[:3] == [f"--trust-run-config: --engine 'builtin' (from {path})",
+                       f"--trust-run-config: --model-path '{model}' (from {path})",
+                       f"--trust-run-config: --candidate-args '--max-state-slots 3' (from {path})"]
+    assert not marker.exists()
+
+
+def test_a_changed_workload_setting_is_refused_naming_both_values(tmp_path, capsys):
+    run_dir, *_ = tampered_run(tmp_path)
+    assert main(["--resume", str(run_dir), "--dry-run", "--seed", "5"]) == 2
+    assert "--seed cannot change on --resume (the run used 0; this command line gives 5)" in capsys.readouterr().err
+    assert main(["--resume", str(run_dir), "--dry-run", "--endpoint", "http://127.0.0.1:9",
+                 "--reference-endpoint", "http://127.0.0.1:9"]) == 2
+    assert ("--endpoint cannot change on --resume (the run used []; this command line gives "
+            "['http://127.0.0.1:9'])") in capsys.readouterr().err
+
+
+def test_resume_runs_latest_resolves_the_link(tmp_path, capsys):
+    """Issue 27: `--resume runs/latest` was refused with a message about --run-id (c76ee7a)."""
+    run_dir, *_ = tampered_run(tmp_path)
+    (run_dir.parent / "latest").symlink_to("r1")
+    assert main(["--resume", str(run_dir.parent / "latest"), "--dry-run"]) == 0
+    assert "pool i16: 2 sessions" in capsys.readouterr().out
