@@ -14,6 +14,7 @@ from harness.engine_args import COVER_ARGS
 from harness.errors import ConfigError
 from harness.targets import target_class, validate_target
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
+from reports.latency import parse_slo
 
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 # ints: comma list; strs: repeatable; cmd: a command line (argv); args: flags (argv, may be empty)
@@ -34,12 +35,14 @@ def setting(default, kind: str, help: str):
 class RunConfig:
     """One harness run: workload, sweep, pools, cluster, run directory and gate thresholds."""
 
-    engine: str = setting("builtin", "str", "what the Ray replicas run: builtin (engine.serve) or vllm (vLLM's "
-                          "OpenAI server from its own venv, see --vllm-python; implies --backend openai)")
+    engine: str = setting("builtin", "str", "what the Ray replicas run: builtin (engine.serve), vllm (vLLM's "
+                          "OpenAI server from its own venv, see --vllm-python; implies --backend openai) or sglang "
+                          "(sglang.launch_server from its own venv, see --sglang-python)")
     vllm_python: str | None = setting(None, "str", "--engine vllm: the vLLM venv's interpreter (default "
                                       "$SPECGATE_VLLM_PYTHON, else .venv-vllm/bin/python from `make vllm`)")
-    calibrate: bool = setting(False, "bool", "--engine vllm: a `baseline` pool (the reference's flags) sets the drift "
-                              "tolerance and margin threshold from its noise; the report shows the calibration")
+    calibrate: bool = setting(False, "bool", "calibrate the thresholds per code path from clean control pools "
+                              "(docs/reports.md); automatic for noisy targets (--dtype bfloat16, vllm), an option "
+                              "for the fp32 built-in engine and sglang; the report shows the calibration")
     sglang_python: str | None = setting(None, "str", "--engine sglang: the SGLang venv's interpreter (default "
                                         "$SPECGATE_SGLANG_PYTHON, else .venv-sglang/bin/python from `make sglang`)")
     dtype: str = setting("float32", "str", "built-in engine: the dtype of every pool (engine.serve --dtype): "
@@ -218,6 +221,10 @@ def validate(c: RunConfig) -> None:
     need(c.duration is None or c.duration > 0, f"--duration must be > 0, got {c.duration}")
     need(c.max_error_rate is None or 0 <= c.max_error_rate <= 1,
          f"--max-error-rate must be in [0, 1], got {c.max_error_rate}")
+    try:
+        parse_slo(c.slo)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     need(0 <= c.min_coverage <= 1, f"--min-coverage must be in [0, 1], got {c.min_coverage}")
     need(c.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}")
     if not c.external:

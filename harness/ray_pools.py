@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from harness.errors import HarnessError
 from harness.plan import Plan, PoolPlan
 from harness.pools import Pool, Replica
+from harness.progress import wait_all
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -150,7 +151,7 @@ class RayPools:
                 self.cfg.reference_nice if p.role == "reference" else 0)
             self.actors.append(actor)
         try:
-            infos = ray.get([a.info.remote() for a in self.actors], timeout=self.cfg.startup_timeout + 30)
+            infos = wait_all([a.info.remote() for a in self.actors], self.cfg.startup_timeout + 30, "replicas")
         except ray.exceptions.GetTimeoutError:
             raise HarnessError(f"replicas not healthy within {self.cfg.startup_timeout:g}s") from None
         except ray.exceptions.RayActorError as e:
