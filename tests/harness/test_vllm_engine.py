@@ -110,7 +110,8 @@ def test_dry_run_shows_every_server_command(model_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     servers = [line for line in out.splitlines() if line.startswith("  server: ")]
-    assert len(servers) == 4 and all(f"{fake} -m vllm.entrypoints.openai.api_server --model {model_dir}" in s
+    # vllm, vllm-spec, vllm-cache (--diagnose), baseline (calibration is automatic for vLLM), reference
+    assert len(servers) == 5 and all(f"{fake} -m vllm.entrypoints.openai.api_server --model {model_dir}" in s
                                      for s in servers)
     assert all("--dtype bfloat16" in s and "--enable-prompt-tokens-details" in s for s in servers)
     assert "--no-enable-prefix-caching --host HOST" in servers[-1]  # the reference: neither speculation nor cache
