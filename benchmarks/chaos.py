@@ -62,9 +62,9 @@ def replica_servers(run_id: str) -> list[int]:
 
 
 def records(run_dir: Path) -> list[dict]:
-    """Every stored request record, journals and parts (duplicates kept, to be counted); per-sweep-point stats
-    records are not requests."""
-    return [r for r in raw_records(run_dir) if r.get("role") != "stats"]
+    """Every stored candidate and reference record, journals and parts (duplicates kept, to be counted); stats,
+    sweep-point and warmup records are not gated requests."""
+    return [r for r in raw_records(run_dir) if r.get("role") in ("candidate", "reference")]
 
 
 class Monkey(threading.Thread):

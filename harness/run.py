@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import platform
 import signal
 import sys
 import threading
-import time
 import traceback
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -32,6 +30,7 @@ from harness.plan import Plan
 from harness.pools import Pool
 from harness.progress import Progress
 from harness.resume import for_resume, trusted_lines
+from harness.run_config_file import write_config
 from harness.targets import Target, make_target
 from harness.workload import describe as describe_workload
 from records.incidents import IncidentLog, load_incidents
@@ -60,38 +59,6 @@ def make_plan(target: Target, sessions: list | None = None, probe: bool = True) 
     plan = target.plan(sessions, infos)
     return replace(plan, workload=describe_workload(target.cfg, workload, left_out), tokenizer=workload.tokenizer), \
         infos
-
-
-def write_config(run_dir: Path, cfg: RunConfig, target: Target, run_id: str, plan: Plan, pools: list[Pool],
-                 resumed: bool) -> None:
-    """config.json: the RunConfig, run id, engine settings per pool, gate thresholds."""
-    path = run_dir / "config.json"
-    old = json.loads(path.read_text()) if path.exists() else {}
-    was, now = old.get("plan") or {}, (plan.workload, plan.tokenizer.name if plan.tokenizer is not None else None)
-    if resumed and was and (was.get("workload"), was.get("tokenizer")) != now:
-        # the same session ids with other prompts would mix two workloads in one run (records are keyed by id)
-        raise HarnessError(f"--resume: the servers now make a different workload ({now[0]}; tokenizer {now[1]}) "
-                           f"than the run was started with ({was.get('workload')}; tokenizer "
-                           f"{was.get('tokenizer')}): start a new run")
-    doc = {
-        "run_id": run_id,
-        "created": old.get("created", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())),
-        "resumed": old.get("resumed", []) + ([time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())] if resumed
-                                             else []),
-        "run_config": cfg.to_json(),
-        "gate": asdict(cfg.gate),
-        # what each pool's servers cannot report
-        "narrowed": {p.name: list(target.reported(p.server_info).unknown) for p in pools},
-        "pools": {p.name: {"role": p.role, "engine": p.engine.record(), "server_info": p.server_info,
-                           "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id}
-                                        for r in p.replicas]} for p in pools},
-        "plan": {"concurrency": list(plan.concurrency), "skipped_sessions": plan.skipped_sessions,
-                 "total_candidate_requests": plan.total_candidate_requests, "workload": plan.workload,
-                 "tokenizer": plan.tokenizer.name if plan.tokenizer is not None else None,
-                 "requests_per_point": {p.name: p.requests_per_point for p in plan.candidates}},
-        "host": {"python": platform.python_version(), "platform": platform.platform()},
-    }
-    write_json(path, doc)
 
 
 async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], ref: Pool, run_dir: Path,

@@ -33,7 +33,7 @@ def test_clean_engine_passes_the_gate(tmp_path):
     code, run_dir = _run(tmp_path)
     assert code == 0
     df = pd.read_csv(run_dir / "requests.csv")
-    assert len(df) == 68
+    assert len(df) == 74  # 36 sessions at I = 128: the 34 boundary sessions and the tree group's fan and sib
     assert set(df["class"]) <= {"exact", "soft"}  # no drift, no hard mismatch, no error
     assert df["drift"].max() < 1e-4 and (df["oracle"] == "logprob").all()  # the floor, 10x below the tolerance
     configs = pd.read_csv(run_dir / "configs.csv")

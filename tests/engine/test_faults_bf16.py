@@ -71,7 +71,9 @@ def _evict_matched(fault):
         outs.update({o.rid: o for o in e.step() if o.finished})
     assert outs["a2"].cached_tokens == 64
     assert e.stats()["checkpoint_evictions"] == (1 if fault else 0)
-    return [(o1, False), (outs["x"], False), (outs["a2"], True)]
+    # `x` shares its batches with a2, whose wrong state changes what the batch computes from then on: in bf16 the
+    # same request in another batch is not the same bits (docs/engine.md, "Dtypes"), so x is not compared
+    return [(o1, False), (outs["a2"], True)]
 
 
 def _conv_rollback(fault):

@@ -7,6 +7,7 @@ import contextlib
 import pytest
 
 from harness.run import main
+from reports.gate import EXIT_INCONCLUSIVE
 from tests.harness.helpers import (
     FAKE_SERVER,
     candidate_args,
@@ -34,7 +35,8 @@ def test_external_endpoints_grouped_by_interval(tmp_path):
         rc = main(["--suite", str(workload), "--endpoint", a, "--endpoint", b, "--endpoint", c,
                    "--reference-endpoint", r, "--concurrency", "1,2", "--runs-dir", str(tmp_path / "runs"),
                    "--run-id", "ext", "--no-progress"])
-    assert rc == 0
+    # INCONCLUSIVE (exit 3), not PASS: so few short turns exercise too little (reports/exercised.py)
+    assert rc == EXIT_INCONCLUSIVE
     cands = check_complete(tmp_path / "runs" / "ext", sessions)
     assert {r["engine"]["endpoint"] for r in cands if r["pool"] == "i32"} == {b, c}
     assert {r["engine"]["endpoint"] for r in cands if r["pool"] == "i16"} == {a}

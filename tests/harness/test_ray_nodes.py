@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harness.run import main
+from reports.gate import EXIT_INCONCLUSIVE
 from tests.harness.helpers import check_complete, make_sessions, read_lines, run_args
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,8 @@ def test_replicas_are_placed_on_both_nodes(workdir):
         cluster.wait_for_nodes()
         sessions = make_sessions(4)
         rc = main(run_args(workdir, sessions, "--run-id", "nodes", "--address", cluster.address))
-        assert rc == 0
+        # INCONCLUSIVE (exit 3), not PASS: so few short turns exercise too little (reports/exercised.py)
+        assert rc == EXIT_INCONCLUSIVE
         nodes = {n.node_id for n in cluster.list_all_nodes()}
         cands = check_complete(workdir / "runs" / "nodes", sessions)
         for pool in ("i16", "i32"):

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.run import main
+from reports.gate import EXIT_INCONCLUSIVE
 from tests.harness.helpers import check_complete, make_sessions, write_workload
 from tests.netaddr import outside_address
 
@@ -107,7 +108,8 @@ def test_a_local_run_keeps_its_replicas_on_loopback_behind_a_key_no_command_line
             with pytest.raises(urllib.error.URLError):
                 post_generate(f"http://{outside}:{port}", key)
     t.join(240)
-    assert result["rc"] == 0
+    # INCONCLUSIVE (exit 3), not PASS: so few short turns exercise too little (reports/exercised.py)
+    assert result["rc"] == EXIT_INCONCLUSIVE
     check_complete(workdir / "runs" / run_id, sessions, intervals=(16,))
     print(f"replica argv: {replicas[0][1][2:]}\nkey only in their environment; outside address {outside}: refused")
 

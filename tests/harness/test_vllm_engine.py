@@ -136,12 +136,14 @@ def test_vllm_replicas_under_ray_pass_and_log_in_the_run_dir(ray_local, workdir,
     assert config["pools"]["vllm"]["engine"]["interval"] == 16  # the stub's block, read from /metrics
     assert config["pools"]["vllm"]["engine"]["block_size"] == 5 and config["run_config"]["backend"] == "openai"
     records = raw_records(run_dir)
-    assert sum(r["role"] == "candidate" for r in records) == 3 * 2 * 2
+    # the candidate's turns; vLLM calibrates itself, so a `baseline` pool (the reference's flags) served them too
+    assert sum(r["role"] == "candidate" and r["pool"] == "vllm" for r in records) == 3 * 2 * 2
+    assert sum(r["role"] == "candidate" and r["pool"] == "baseline" for r in records) == 3 * 2 * 2
     # the workload and the records name the model directory's tokenizer (what decodes their text)
     tok = load_tokenizer(str(model_dir)).name
     assert config["plan"]["tokenizer"] == tok and "tokenizer" in config["plan"]["workload"]
     assert {r["tokenizer"] for r in records if r["role"] != "stats"} == {tok}
-    assert sorted(p.name.split("-")[0] for p in (run_dir / "logs").glob("*.log")) == ["reference", "vllm"]
+    assert sorted(p.name.split("-")[0] for p in (run_dir / "logs").glob("*.log")) == ["baseline", "reference", "vllm"]
     for name in ("vllm", "reference"):
         cache = run_dir.resolve() / "logs" / f"{name}-r0-cache"
         env = json.loads((cache / "fake_vllm_env.json").read_text())
