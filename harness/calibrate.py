@@ -10,7 +10,9 @@ records instead: its pool of the same name (the same configuration on the truste
 build), else its path controls. Per pool: tolerance = max(DRIFT_FLOOR, DRIFT_FACTOR x
 the controls' largest drift); margin threshold = max(the configured one, MARGIN_FACTOR x
 the largest reference margin at which a control flipped a token); the soft-flip rate
-allowed = max(--max-soft-rate, SOFT_FACTOR x the controls' flip rate). A tolerance given
+allowed = max(--max-soft-rate, SOFT_FACTOR x the controls' flip rate p, p + SOFT_SIGMAS x the binomial spread
+of p over the gated pool's n requests, sqrt(p(1 - p)/n)): a flip rate measured on a few dozen requests is itself
+noisy, so a clean pool's share of near-tie flips may exceed twice the controls' by chance. A tolerance given
 with --drift-tolerance is kept (the calibration is still reported). The result goes into
 config.json (`calibration`, with `per_pool`, and `gate`); the report shows it.
 """
@@ -36,6 +38,7 @@ DRIFT_FLOOR = 1e-4  # below this, differences are float32 rounding: never gate t
 DRIFT_FACTOR = 4.0
 MARGIN_FACTOR = 2.0
 SOFT_FACTOR = 2.0  # the gate's soft-flip rate: at least twice the controls' rate of numerics flips
+SOFT_SIGMAS = 3.0  # ... and at least that rate plus 3 binomial standard deviations at the gated pool's size
 
 
 def calibrating(cfg: RunConfig) -> bool:
@@ -147,6 +150,14 @@ def _text(cals: dict[str, Calibration], uncalibrated: list[str], source: str) ->
     return (source + "; ".join(parts)) if parts else "no control records: thresholds not calibrated"
 
 
+def allowed_soft_rate(p: float, n: int) -> float:
+    """The soft-flip rate a pool of `n` requests may show when its controls flipped a share `p` of theirs:
+    max(SOFT_FACTOR x p, p + SOFT_SIGMAS x sqrt(p (1 - p) / n)); 0 when the controls never flipped."""
+    if p <= 0 or n <= 0:
+        return 0.0
+    return max(SOFT_FACTOR * p, p + SOFT_SIGMAS * math.sqrt(p * (1 - p) / n))
+
+
 def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, baseline_run: str | None = None
                     ) -> tuple[GateThresholds, dict[str, tuple[float, float]]]:
     """Calibrate from the run's controls (or `baseline_run`'s records); record it in config.json; the thresholds
@@ -173,17 +184,19 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
     if gated:  # the run-wide figures (noise floor, plots) take the loosest pool's
         # bf16 flips near-tie tokens through numerics alone (8% of requests at concurrency 4, docs/engine.md): the
         # soft-flip rate the gate allows is at least SOFT_FACTOR x the controls' flip rate
-        flip_rate = max(c.flips / c.requests if c.requests else 0.0 for c in gated)
+        soft_rate = max(allowed_soft_rate(c.flips / c.requests if c.requests else 0.0, int((df["pool"] == p).sum()))
+                        for p, c in cals.items() if not is_control(p))
         calibrated = replace(gate, drift_tolerance=max(c.drift_tolerance for c in gated),
                              margin_threshold=max(c.margin_threshold for c in gated),
-                             max_soft_rate=min(1.0, max(gate.max_soft_rate, SOFT_FACTOR * flip_rate)))
+                             max_soft_rate=min(1.0, max(gate.max_soft_rate, soft_rate)))
     controls = sorted({c for cal in cals.values() for c in cal.controls})
     config["calibration"] = {
         "requests": sum(int((source_df["pool"] == c).sum()) for c in controls) if len(source_df) else 0,
         "controls": controls, "baseline_run": baseline_run, "uncalibrated": uncalibrated,
         "per_pool": {p: asdict(c) for p, c in cals.items()},
         "text": _text(cals, uncalibrated, source)
-        + (f"; soft-flip rate allowed {100 * calibrated.max_soft_rate:.1f}% ({SOFT_FACTOR:g}x the controls' flip rate)"
+        + (f"; soft-flip rate allowed {100 * calibrated.max_soft_rate:.1f}% (the controls' flip rate: "
+           f"{SOFT_FACTOR:g}x, or plus {SOFT_SIGMAS:g} binomial standard deviations at the pool's size)"
            if calibrated.max_soft_rate > gate.max_soft_rate else "")}
     config["gate"] = asdict(calibrated)
     write_json(run_dir / "config.json", config)

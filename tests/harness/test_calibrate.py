@@ -128,6 +128,16 @@ def test_the_soft_flip_rate_follows_the_controls_numerics_flips(tmp_path):
     spec[1]["output_top_logprobs"][7] = [[-0.25, 100], [-0.35, 101]]  # its reference: margin 0.1 there
     run = _run(tmp_path, "r", [_pool("i128", 0.0), spec, _pool("ctl-i128-cache", 0.0, n=4, speculative=False)])
     gate, _ = calibrated_gate(run, GateThresholds(max_soft_rate=0.02), tolerance_given=False)
-    assert gate.max_soft_rate == pytest.approx(2 * 1 / 8)  # 1 flip in the 8 control requests, doubled
-    assert "soft-flip rate allowed 25.0% (2x the controls' flip rate)" in json.loads(
-        (run / "config.json").read_text())["calibration"]["text"]
+    # 1 flip in the 8 control requests: p = 1/8, which the 3 requests of i128 measure only to +- sqrt(p(1-p)/3)
+    assert gate.max_soft_rate == pytest.approx(1 / 8 + 3 * (1 / 8 * 7 / 8 / 3) ** 0.5)
+    assert ("soft-flip rate allowed 69.8% (the controls' flip rate: 2x, or plus 3 binomial standard deviations at "
+            "the pool's size)") in json.loads((run / "config.json").read_text())["calibration"]["text"]
+
+
+def test_the_allowed_soft_rate_covers_the_spread_of_a_small_pool():
+    from harness.calibrate import allowed_soft_rate
+
+    # controls flipped 6 of 148: twice that is 8.1%, but a clean 74-request pool shows up to ~11% by chance
+    assert allowed_soft_rate(6 / 148, 74) == pytest.approx(6 / 148 + 3 * (6 / 148 * (1 - 6 / 148) / 74) ** 0.5)
+    assert allowed_soft_rate(0.2, 10_000) == pytest.approx(0.4)  # a large pool: twice the controls' rate
+    assert allowed_soft_rate(0.0, 74) == 0.0  # controls that never flipped allow nothing beyond --max-soft-rate
