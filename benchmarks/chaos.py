@@ -173,7 +173,9 @@ def main() -> int:
     rc_clean, t_clean, _, out_clean = run_harness(runs_dir, f"clean-{tag}", harness_args)
     verdict = (rc_clean, headline(out_clean))
     print(f"clean: exit {rc_clean} in {t_clean:.1f}s, verdict {verdict[1]!r}")
-    good = rc_clean == 0
+    # a gate verdict: PASS, or INCONCLUSIVE where a small --sessions run crosses too few boundary cells; every
+    # interrupted run must end with the same
+    good = rc_clean in (0, 3)
     if "kills" in scenarios:
         rc_chaos, t_chaos, killed, out = run_harness(runs_dir, f"chaos-{tag}", harness_args, args.kills, args.seed,
                                                      args.gap)
