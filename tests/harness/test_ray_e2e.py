@@ -88,7 +88,7 @@ def test_sigint_then_resume_equals_an_uninterrupted_run(ray_local, workdir):
 
     resumed = subprocess.run([*cmd, "--resume", str(workdir / "runs" / "cut")], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=120)
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert resumed.returncode == EXIT_INCONCLUSIVE, resumed.stdout + resumed.stderr  # as the whole run's verdict
     recs = read_lines(workdir / "runs" / "cut")
     assert not duplicate_keys(recs) and {r["key"] for r in recs} == whole
     sent_after = [rid.split(":", 1)[1].split("#")[0]

@@ -142,7 +142,7 @@ def test_vllm_replicas_under_ray_pass_and_log_in_the_run_dir(ray_local, workdir,
     # the workload and the records name the model directory's tokenizer (what decodes their text)
     tok = load_tokenizer(str(model_dir)).name
     assert config["plan"]["tokenizer"] == tok and "tokenizer" in config["plan"]["workload"]
-    assert {r["tokenizer"] for r in records if r["role"] != "stats"} == {tok}
+    assert {r["tokenizer"] for r in records if r["role"] in ("candidate", "reference")} == {tok}
     assert sorted(p.name.split("-")[0] for p in (run_dir / "logs").glob("*.log")) == ["baseline", "reference", "vllm"]
     for name in ("vllm", "reference"):
         cache = run_dir.resolve() / "logs" / f"{name}-r0-cache"
