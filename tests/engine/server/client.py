@@ -41,6 +41,11 @@ class Reply:
         return out
 
 
+def parse_metrics(body: bytes) -> dict[str, float]:
+    return {line.split()[0]: float(line.split()[1]) for line in body.decode().splitlines()
+            if line and not line.startswith("#")}
+
+
 class Server:
     """One `python -m engine.serve` subprocess and requests to it."""
 
@@ -101,14 +106,20 @@ class Server:
     def metrics(self) -> dict[str, float]:
         r = self.call("GET", "/metrics")
         assert r.status == 200, r.body
-        return {line.split()[0]: float(line.split()[1]) for line in r.body.decode().splitlines()
-                if line and not line.startswith("#")}
+        return parse_metrics(r.body)
 
     def wait_idle(self, timeout: float = 20.0) -> dict[str, float]:
         """Poll /metrics until nothing runs or waits; returns the last metrics."""
         deadline = time.monotonic() + timeout
         while True:
-            m = self.metrics()
+            r = self.call("GET", "/metrics")
+            if r.status == 503 and b"--max-connections" in r.body:
+                # streams the client closed hold their slots until the server's next write to them fails
+                assert time.monotonic() < deadline, f"server still at its connection cap after {timeout}s"
+                time.sleep(0.05)
+                continue
+            assert r.status == 200, r.body
+            m = parse_metrics(r.body)
             if m["specgate_num_running_reqs"] == 0 and m["specgate_num_queue_reqs"] == 0 \
                     and m["specgate_http_inflight_requests"] == 0:
                 return m
