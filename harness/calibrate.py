@@ -8,7 +8,8 @@ candidates, never with --inject-fault; on vLLM the `baseline` (the reference's f
 a server of its own). With `--baseline-run RUN_DIR` the controls are a trusted run's
 records instead: its pool of the same name (the same configuration on the trusted
 build), else its path controls. Per pool: tolerance = max(DRIFT_FLOOR, DRIFT_FACTOR x
-the controls' largest drift); margin threshold = max(the configured one, MARGIN_FACTOR x
+the controls' largest drift); the drift envelope (reports/envelope.py) = ENVELOPE_FACTOR x the controls' largest
+drift summed over the first n outputs; margin threshold = max(the configured one, MARGIN_FACTOR x
 the largest reference margin at which a control flipped a token); the soft-flip rate
 allowed = max(--max-soft-rate, SOFT_FACTOR x the controls' flip rate p, p + SOFT_SIGMAS x the binomial spread
 of p over the gated pool's n requests, sqrt(p(1 - p)/n)): a flip rate measured on a few dozen requests is itself
@@ -28,13 +29,14 @@ from records.jsonl import load_run
 from records.rundir import load_config, write_json
 from reports.analyze import analyze
 from reports.controls import BASELINE_POOL, controls_of, first_token_drift, is_control
+from reports.envelope import DRIFT_FLOOR, ENVELOPE_FACTOR, LADDER, Envelope, ladder_sums
 from reports.gate import GateThresholds
+from reports.oracle import compared_drifts
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
 __all__ = ["BASELINE_POOL", "Calibration", "calibrate", "calibrated_gate", "calibrating"]
-DRIFT_FLOOR = 1e-4  # below this, differences are float32 rounding: never gate tighter
 DRIFT_FACTOR = 4.0
 MARGIN_FACTOR = 2.0
 SOFT_FACTOR = 2.0  # the gate's soft-flip rate: at least twice the controls' rate of numerics flips
@@ -66,6 +68,9 @@ class Calibration:
     # max(DRIFT_FLOOR, DRIFT_FACTOR x the controls' largest first-token drift of a restored turn); None: no control
     # restored anything. A restored turn whose first token moves past it is drift (reports/controls.py)
     restore_tolerance: float | None = None
+    # the drift envelope (reports/envelope.py): ENVELOPE_FACTOR x the controls' largest cumulative drift over the
+    # first LADDER[k] outputs; None with --drift-tolerance or no control records
+    envelope: tuple[float, ...] | None = None
 
     def text(self) -> str:
         """One sentence for the report."""
@@ -76,9 +81,12 @@ class Calibration:
                 else f"{' + '.join(self.controls)} (the controls sharing its code paths")
         restore = (f", restore tolerance {self.restore_tolerance:.3g} (first output token of a restored turn)"
                    if self.restore_tolerance is not None else "")
+        envelope = (f", drift envelope {', '.join(f'{v:.3g}' for v in self.envelope[:5])} over the first "
+                    f"{', '.join(map(str, LADDER[:5]))} outputs ({ENVELOPE_FACTOR:g}x the controls' summed drift)"
+                    if self.envelope is not None else "")
         return (f"clean {what}, {self.requests} requests vs the reference): {drift}, {flips}; gate drift "
                 f"tolerance {self.drift_tolerance:.3g} ({self.tolerance_source}), margin threshold "
-                f"{self.margin_threshold:.3g}{restore}")
+                f"{self.margin_threshold:.3g}{restore}{envelope}")
 
 
 def _finite(values) -> list[float]:
@@ -139,6 +147,20 @@ def with_restore_tolerance(cal: Calibration, candidates: list[dict], references:
     return replace(cal, restore_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(drifts)))
 
 
+def with_envelope(cal: Calibration, candidates: list[dict], references: dict[str, dict]) -> Calibration:
+    """`cal` with the drift envelope of its controls' answered records (reports/envelope.py); unchanged when the
+    tolerance was given (--drift-tolerance: the user's limit alone) or no control answered."""
+    if cal.tolerance_source != "calibrated":
+        return cal
+    sums = []
+    for r in candidates:
+        ref = references.get(str(r.get("input_hash")))
+        if r.get("pool") in cal.controls and not r.get("error") and ref is not None and not ref.get("error"):
+            sums.append(ladder_sums(compared_drifts(r, ref)))
+    env = Envelope.of(sums)
+    return replace(cal, envelope=env.limits) if env is not None else cal
+
+
 def _text(cals: dict[str, Calibration], uncalibrated: list[str], source: str) -> str:
     gated = {p: c for p, c in cals.items() if not is_control(p)}
     groups: dict[tuple, list[str]] = {}
@@ -158,8 +180,13 @@ def allowed_soft_rate(p: float, n: int) -> float:
     return max(SOFT_FACTOR * p, p + SOFT_SIGMAS * math.sqrt(p * (1 - p) / n))
 
 
+def limits_of(cal: Calibration) -> tuple:
+    """A pool's (margin threshold, drift tolerance, envelope) for reports.analyze."""
+    return cal.margin_threshold, cal.drift_tolerance, Envelope(cal.envelope) if cal.envelope is not None else None
+
+
 def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, baseline_run: str | None = None
-                    ) -> tuple[GateThresholds, dict[str, tuple[float, float]]]:
+                    ) -> tuple[GateThresholds, dict[str, tuple]]:
     """Calibrate from the run's controls (or `baseline_run`'s records); record it in config.json; the thresholds
     to gate with and the per-pool (margin threshold, drift tolerance) for reports.analyze.
 
@@ -177,8 +204,9 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
         source_df = df[df["pool"].map(is_control)]
     cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run))
     source_run = trusted if baseline_run else run
-    cals = {p: with_restore_tolerance(c, source_run.candidates, source_run.references) for p, c in cals.items()}
-    per_pool = {p: (c.margin_threshold, c.drift_tolerance) for p, c in cals.items()}
+    cals = {p: with_envelope(with_restore_tolerance(c, source_run.candidates, source_run.references),
+                             source_run.candidates, source_run.references) for p, c in cals.items()}
+    per_pool = {p: limits_of(c) for p, c in cals.items()}
     gated = [c for p, c in cals.items() if not is_control(p)]
     calibrated = gate
     if gated:  # the run-wide figures (noise floor, plots) take the loosest pool's

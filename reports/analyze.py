@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from protocol.boundaries import boundaries_between, boundary_step, crossed_boundary, nearest_boundary_offset
+from reports.envelope import Envelope
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, Classification, classify
 
 # requests.csv columns, in order (documented in docs/reports.md).
@@ -106,9 +107,10 @@ def _offset(pos: int | None, interval: int | None) -> int | None:
     return nearest_boundary_offset(pos, interval) if pos is not None and interval else None
 
 
-def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float) -> dict:
+def _row(cand: dict, ref: dict | None, threshold: float, tolerance: float, envelope: Envelope | None = None
+         ) -> dict:
     interval = record_interval(cand)
-    c = classify(cand, ref, threshold, tolerance)
+    c = classify(cand, ref, threshold, tolerance, envelope)
     input_len = int(cand.get("input_len") or len(cand.get("input_ids") or []))
     output_len = len(cand.get("output_ids") or [])
     trace = cand.get("spec_trace")
@@ -254,20 +256,28 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def pool_limits(per_pool: Mapping[str, tuple], pool, default: tuple[float, float]
+                ) -> tuple[float, float, Envelope | None]:
+    """A pool's (margin threshold, drift tolerance, envelope) from `per_pool` (2- or 3-tuples), else `default`."""
+    limits = per_pool.get(str(pool), default)
+    return limits[0], limits[1], (limits[2] if len(limits) > 2 else None)
+
+
 def analyze(candidates: Iterable[dict], references: dict[str, dict], threshold: float = MARGIN_THRESHOLD,
             tolerance: float = DRIFT_TOLERANCE,
-            per_pool: Mapping[str, tuple[float, float]] | None = None) -> pd.DataFrame:
+            per_pool: Mapping[str, tuple] | None = None) -> pd.DataFrame:
     """One row per candidate record (columns REQUEST_COLUMNS): class, drift, divergence, margin, attribution.
 
     `references` maps `input_hash` to the reference record; `threshold` is the soft margin, `tolerance`
-    the log-prob drift allowed; `per_pool` maps a pool name to its own (threshold, tolerance), for pools
-    calibrated on their own path (harness/calibrate.py), the others take `threshold` and `tolerance`.
+    the log-prob drift allowed; `per_pool` maps a pool name to its own (threshold, tolerance) or (threshold,
+    tolerance, envelope) (reports/envelope.py), for pools calibrated on their own path (harness/calibrate.py),
+    the others take `threshold` and `tolerance`.
     """
     per_pool = per_pool or {}
     rows, seqs = [], []
     for cand in candidates:
-        t, tol = per_pool.get(str(cand.get("pool")), (threshold, tolerance))
-        rows.append(_row(cand, references.get(str(cand.get("input_hash"))), t, tol))
+        t, tol, env = pool_limits(per_pool, cand.get("pool"), (threshold, tolerance))
+        rows.append(_row(cand, references.get(str(cand.get("input_hash"))), t, tol, env))
         seqs.append((cand.get("input_ids"), cand.get("output_ids")))
     cols = {c: [r[c] for r in rows] for c in REQUEST_COLUMNS}
     return frame(cols, seqs_on_path(seqs))

@@ -15,6 +15,7 @@ from reports.analyze import (
     REQUEST_COLUMNS,
     crossing_dict,
     inferred_crossings,
+    pool_limits,
     record_interval,
     row_of,
     verify_crossings,
@@ -94,7 +95,7 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
     odd = np.array([bool(set(extras[i]) & set(_TOKEN_FIELDS)) or bool(set(r_extras[i]) & set(_TOKEN_FIELDS))
                     for i in range(n)], dtype=bool)
     cand = dataclasses.replace(cand, irregular=cand.irregular | odd)
-    limits = [per_pool.get(str(r.get("pool")), default) for r in recs]
+    limits = [pool_limits(per_pool, r.get("pool"), default) for r in recs]
 
     def fallback(i: int) -> tuple[dict, dict | None]:
         c = {**_tokens(tb, i, extras[i], absents[i]), "error": recs[i].get("error")}
@@ -102,7 +103,8 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
         return c, r
 
     classes = classify_batch(cand, rside, [r.get("error") for r in recs], ref_error, has_ref,
-                             np.array([t for t, _ in limits]), np.array([t for _, t in limits]), fallback)
+                             np.array([t for t, _, _ in limits]), np.array([t for _, t, _ in limits]), fallback,
+                             [e for _, _, e in limits])
     intervals = [record_interval(r) for r in recs]
     reported = crossings_of(tb.column("spec_trace"), intervals)
     inputs = _inputs(tb, ks, recs, extras, absents, index, store, prompts)

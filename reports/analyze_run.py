@@ -116,7 +116,7 @@ class _Index:
 
 
 def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolerance: float = DRIFT_TOLERANCE,
-                per_pool: Mapping[str, tuple[float, float]] | None = None, budget: int = 64 << 20) -> AnalyzedRun:
+                per_pool: Mapping[str, tuple] | None = None, budget: int = 64 << 20) -> AnalyzedRun:
     """The requests frame of `run_dir` (equal to reports.analyze.analyze over load_run's records), streamed;
     `per_pool` as in analyze; `budget`: bytes of reference and prompt row groups kept for reuse."""
     per_pool = per_pool or {}

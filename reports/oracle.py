@@ -4,7 +4,8 @@ Token equality alone is a weak oracle (a corrupted linear state often still emit
 the same tokens), so the log-probs are compared too, over the common prefix:
 
 * `exact`: same tokens, log-prob drift within the tolerance;
-* `drift`: same tokens, drift beyond the tolerance: a silent state divergence;
+* `drift`: same tokens, drift beyond the tolerance (or, in a calibrated pool, drift summed over the first
+  outputs beyond the path's envelope, reports/envelope.py): a silent state divergence;
 * `soft`: tokens differ, the reference's top-1/top-2 margin at the first divergence is
   strictly below the threshold and there was no drift before it (nor at it, among the
   top-k entries both sides returned there): a numerics flip;
@@ -23,6 +24,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reports.envelope import Envelope
+
 CLASSES = ("exact", "drift", "soft", "hard", "error")
 FLAGGED = ("drift", "hard")  # the classes that signal a state bug
 MARGIN_THRESHOLD = 0.5  # reference top-1/top-2 log-prob margin below which a flip is soft
@@ -34,8 +37,11 @@ class Drift:
     """Log-prob agreement of a candidate with its reference over their common prefix."""
 
     value: float | None  # max |candidate - reference| log-prob; None when not measurable
-    onset: int | None  # first output index whose difference exceeds the tolerance
+    onset: int | None  # first output index whose difference exceeds the tolerance (or passes the envelope)
     compared: int  # positions compared
+    # (cumulative drift, its limit) where the running sum passed the pool's envelope (reports/envelope.py) before
+    # any single position passed the tolerance; None otherwise
+    envelope: tuple[float, float] | None = None
 
     @property
     def measured(self) -> bool:
@@ -111,20 +117,41 @@ def position_drift(cand_lp, ref_lp, cand_top: Sequence | None, ref_top: Sequence
     return max(diffs) if diffs else None
 
 
-def logprob_drift(cand: dict, ref: dict, upto: int, tolerance: float = DRIFT_TOLERANCE,
-                  flip: int | None = None) -> Drift:
-    """Drift over output positions [0, upto), and at the `flip` position (the first divergent token) over the
-    top-k entries both returned there; value None unless both records carry log-probs."""
+def measured_drifts(cand: dict, ref: dict, upto: int, flip: int | None = None) -> list[tuple[int, float]] | None:
+    """(output index, position_drift) of each position compared: [0, upto), then `flip` on its top-k entries;
+    None when a side has no log-probs at all."""
     c_lp, r_lp = cand.get("output_logprobs") or [], ref.get("output_logprobs") or []
     c_top, r_top = cand.get("output_top_logprobs") or [], ref.get("output_top_logprobs") or []
     if not ((c_lp or c_top) and (r_lp or r_top)) and (upto > 0 or flip is not None):
-        return Drift(None, None, 0)  # a side without log-probs (an engine that does not return them)
+        return None
     diffs = [(i, position_drift(_at(c_lp, i), _at(r_lp, i), _at(c_top, i), _at(r_top, i))) for i in range(upto)]
     if flip is not None:  # the tokens differ there: only the distribution they were drawn from can be compared
         diffs.append((flip, position_drift(None, None, _at(c_top, flip), _at(r_top, flip))))
-    measured = [(i, d) for i, d in diffs if d is not None]
+    return [(i, d) for i, d in diffs if d is not None]
+
+
+def compared_drifts(cand: dict, ref: dict) -> list[float]:
+    """The per-position drifts classify compares for this pair, in order (what the envelope sums)."""
+    c_out, r_out = list(cand.get("output_ids") or []), list(ref.get("output_ids") or [])
+    p = first_divergence(c_out, r_out)
+    flip = p if p is not None and p < min(len(c_out), len(r_out)) else None
+    return [d for _, d in measured_drifts(cand, ref, len(c_out) if p is None else p, flip) or []]
+
+
+def logprob_drift(cand: dict, ref: dict, upto: int, tolerance: float = DRIFT_TOLERANCE,
+                  flip: int | None = None, envelope: Envelope | None = None) -> Drift:
+    """Drift over output positions [0, upto), and at the `flip` position (the first divergent token) over the
+    top-k entries both returned there; value None unless both records carry log-probs. The onset is the first
+    position past `tolerance`, or where the running sum passes `envelope`, whichever comes first."""
+    measured = measured_drifts(cand, ref, upto, flip)
+    if measured is None:
+        return Drift(None, None, 0)  # a side without log-probs (an engine that does not return them)
     onset = next((i for i, d in measured if d > tolerance), None)
-    return Drift(max((d for _, d in measured), default=0.0), onset, len(measured))
+    value = max((d for _, d in measured), default=0.0)
+    passed = envelope.onset([d for _, d in measured]) if envelope is not None else None
+    if passed is not None and (onset is None or measured[passed[0]][0] < onset):
+        return Drift(value, measured[passed[0]][0], len(measured), (passed[1], passed[2]))
+    return Drift(value, onset, len(measured))
 
 
 def _at(seq: Sequence | None, i: int):
@@ -140,9 +167,20 @@ def _disjoint(cand_top: Sequence | None, ref_top: Sequence | None) -> bool:
 NO_LOGPROBS = "no log-probs on both sides: margin rule only"
 
 
+def drift_text(drift: Drift, tolerance: float | None = None) -> str:
+    """What made a drift onset: one position past the tolerance, or the running sum past the envelope."""
+    if drift.envelope is not None:
+        total, limit = drift.envelope
+        return (f"log-prob drift summed over outputs 0-{drift.onset} {total:.3g} > the path's envelope "
+                f"{limit:.3g} there (max {drift.value:.3g})")
+    return f"log-prob drift {drift.value:.3g} from output {drift.onset}" + (
+        f" > tolerance {tolerance:g}" if tolerance is not None else "")
+
+
 def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD,
-             tolerance: float = DRIFT_TOLERANCE) -> Classification:
-    """DESIGN.md 3.3 classification of one candidate record against its reference record."""
+             tolerance: float = DRIFT_TOLERANCE, envelope: Envelope | None = None) -> Classification:
+    """DESIGN.md 3.3 classification of one candidate record against its reference record (`envelope`: the
+    pool's calibrated cumulative drift, reports/envelope.py; None: the tolerance alone)."""
     if cand.get("error"):
         return Classification("error", f"candidate error: {cand['error']}")
     if ref is None:
@@ -153,7 +191,7 @@ def classify(cand: dict, ref: dict | None, threshold: float = MARGIN_THRESHOLD,
     r_out = list(ref.get("output_ids") or [])
     p = first_divergence(c_out, r_out)
     flip = p if p is not None and p < min(len(c_out), len(r_out)) else None
-    drift = logprob_drift(cand, ref, len(c_out) if p is None else p, tolerance, flip)
+    drift = logprob_drift(cand, ref, len(c_out) if p is None else p, tolerance, flip, envelope)
     if p is None:
         return decide(None, drift, None, None, None, None, threshold, tolerance)
     return decide(p, drift, _at(c_out, p), _at(r_out, p), _at(cand.get("output_top_logprobs"), p),
@@ -168,8 +206,7 @@ def decide(p: int | None, drift: Drift, cand_token: int | None, ref_token: int |
     unmeasured = "" if drift.measured else f" ({NO_LOGPROBS})"
     if p is None:
         if drift.onset is not None:
-            return Classification("drift", f"log-prob drift {drift.value:.3g} from output {drift.onset} "
-                                           f"> tolerance {tolerance:g}", drift=drift)
+            return Classification("drift", drift_text(drift, tolerance), drift=drift)
         return Classification("exact", unmeasured.strip(" ()"), drift=drift)
     margin = top_margin(ref_top)
     rank = token_rank(ref_top, cand_token) if cand_token is not None else None
@@ -181,8 +218,7 @@ def decide(p: int | None, drift: Drift, cand_token: int | None, ref_token: int |
     if drift.onset is not None:
         # The state had already left the reference's before (or at) the flip: whatever the margin, not numerics.
         where = f"before the flip at {p}" if drift.onset < p else "at the flip"
-        return Classification("hard", f"log-prob drift {drift.value:.3g} from output {drift.onset} {where}",
-                              **fields)
+        return Classification("hard", f"{drift_text(drift)} {where}", **fields)
     if _disjoint(cand_top, ref_top):
         # A numerics flip swaps near-tied tokens, so both top-k lists hold both; disjoint ones are not numerics.
         return Classification("hard", f"the top-k at the flip (output {p}) share no token", **fields)

@@ -12,12 +12,13 @@ top-k ids and log-probs of different shapes, values kept in `_extra` (the caller
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
+from reports.envelope import Envelope
 from reports.oracle import Classification, Drift, classify, decide
 
 K_MAX = 8  # top-k entries per position the array path handles (engines return 2)
@@ -135,14 +136,17 @@ def _segments(length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def classify_batch(cand: Side, ref: Side, cand_error: list, ref_error: list | None, has_ref: np.ndarray,
                    thresholds: np.ndarray, tolerances: np.ndarray,
-                   fallback: Callable[[int], tuple[dict, dict | None]]) -> list[Classification]:
+                   fallback: Callable[[int], tuple[dict, dict | None]],
+                   envelopes: Sequence[Envelope | None] | None = None) -> list[Classification]:
     """One Classification per candidate row, equal to `classify(candidate record, reference record)`.
 
     `cand_error` / `ref_error`: the rows' `error` values; `has_ref`: [rows] whether a reference was found;
     `thresholds` / `tolerances`: [rows] each row's margin threshold and drift tolerance; `fallback(i)`: row
-    i's (candidate record, reference record) for the rows the array path leaves to `classify`.
+    i's (candidate record, reference record) for the rows the array path leaves to `classify`; `envelopes`:
+    [rows] each row's envelope (reports/envelope.py), None for none.
     """
     n = len(cand.ids_len)
+    envelopes = envelopes if envelopes is not None else [None] * n
     out: list[Classification | None] = [None] * n
     vector = has_ref & ~cand.irregular & ~ref.irregular
     for i in range(n):
@@ -154,11 +158,11 @@ def classify_batch(cand: Side, ref: Side, cand_error: list, ref_error: list | No
             out[i] = Classification("error", f"reference error: {ref_error[i]}")
         elif not vector[i]:
             c, r = fallback(i)
-            out[i] = classify(c, r, float(thresholds[i]), float(tolerances[i]))
+            out[i] = classify(c, r, float(thresholds[i]), float(tolerances[i]), envelopes[i])
     todo = np.array([out[i] is None for i in range(n)], dtype=bool)
     if not todo.any():
         return out  # type: ignore[return-value]
-    p, drift = _divergence_and_drift(cand, ref, todo, tolerances)
+    p, drift = _divergence_and_drift(cand, ref, todo, tolerances, envelopes)
     for i in np.flatnonzero(todo).tolist():
         pi = int(p[i])
         d = drift[i]
@@ -181,8 +185,8 @@ def _top_at(side: Side, i: int, p: int) -> list[list] | None:
     return [[float(lp), int(t)] for lp, t in zip(side.top_lp[q], side.top_id[q], strict=True) if not np.isnan(lp)]
 
 
-def _divergence_and_drift(cand: Side, ref: Side, rows_mask: np.ndarray, tol: np.ndarray
-                          ) -> tuple[np.ndarray, list[Drift | None]]:
+def _divergence_and_drift(cand: Side, ref: Side, rows_mask: np.ndarray, tol: np.ndarray,
+                          envelopes: Sequence[Envelope | None]) -> tuple[np.ndarray, list[Drift | None]]:
     """([rows] first divergence, -1 where the tokens are equal; each row's Drift) for the rows of `rows_mask`."""
     n = len(rows_mask)
     m = np.where(rows_mask, np.minimum(cand.ids_len, ref.ids_len), 0)
@@ -194,7 +198,9 @@ def _divergence_and_drift(cand: Side, ref: Side, rows_mask: np.ndarray, tol: np.
     upto = np.where(p < 0, cand.ids_len, p)
     flip = (p >= 0) & (p < m)
     # positions compared: [0, upto) on the chosen token and the shared top-k entries, then the flip on top-k only
-    rows, j = _segments(np.where(rows_mask, upto + flip, 0))
+    seg = np.where(rows_mask, upto + flip, 0)
+    rows, j = _segments(seg)
+    seg_start = np.cumsum(seg) - seg
     top_only = j == upto[rows]
     diff = np.full(len(rows), -np.inf)
     chosen = ~top_only & (cand.lp_len[rows] > 0) & (ref.lp_len[rows] > 0)
@@ -221,4 +227,19 @@ def _divergence_and_drift(cand: Side, ref: Side, rows_mask: np.ndarray, tol: np.
         else:
             drifts[i] = Drift(float(value[i]) if compared[i] else 0.0, int(onset[i]) if onset[i] >= 0 else None,
                               int(compared[i]))
+            if envelopes[i] is not None and compared[i]:
+                drifts[i] = _with_envelope(drifts[i], envelopes[i], diff, measured, j, int(seg_start[i]),
+                                           int(seg[i]))
     return p, drifts
+
+
+def _with_envelope(d: Drift, envelope: Envelope, diff: np.ndarray, measured: np.ndarray, j: np.ndarray,
+                   start: int, length: int) -> Drift:
+    """`d` with its onset where the row's running sum of drift passes `envelope`, if that comes first (the
+    values and their order are the record oracle's: reports/oracle.py logprob_drift)."""
+    keep = measured[start:start + length]
+    values, positions = diff[start:start + length][keep], j[start:start + length][keep]
+    passed = envelope.onset(values.tolist())
+    if passed is None or (d.onset is not None and int(positions[passed[0]]) >= d.onset):
+        return d
+    return Drift(d.value, int(positions[passed[0]]), d.compared, (passed[1], passed[2]))

@@ -23,6 +23,7 @@ from records.rundir import load_config
 from reports.analyze import analyze
 from reports.controls import is_control, path_numerics, path_numerics_lines, restore_onsets
 from reports.diagnosis import diagnose, noise_floor
+from reports.envelope import Envelope
 from reports.exercised import unexercised
 from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
@@ -52,12 +53,14 @@ def _warnings(run: RunRecords, df) -> list[str]:
     return warnings
 
 
-def _per_pool(config: dict) -> dict[str, tuple[float, float]] | None:
-    """The calibration's per-pool (margin threshold, drift tolerance) saved in config.json (harness/calibrate.py)."""
+def _per_pool(config: dict) -> dict[str, tuple] | None:
+    """The calibration's per-pool (margin threshold, drift tolerance, envelope) saved in config.json
+    (harness/calibrate.py)."""
     pools = (config.get("calibration") or {}).get("per_pool")
     if not isinstance(pools, dict):
         return None
-    return {p: (float(c["margin_threshold"]), float(c["drift_tolerance"])) for p, c in pools.items()}
+    return {p: (float(c["margin_threshold"]), float(c["drift_tolerance"]), Envelope.from_json(c.get("envelope")))
+            for p, c in pools.items()}
 
 
 def _restore_tolerances(config: dict) -> dict[str, float]:
@@ -67,7 +70,7 @@ def _restore_tolerances(config: dict) -> dict[str, float]:
 
 
 def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: bool,
-          per_pool: dict[str, tuple[float, float]] | None, references: dict[str, dict] | None = None,
+          per_pool: dict[str, tuple] | None, references: dict[str, dict] | None = None,
           restore_tolerances: dict[str, float] | None = None) -> tuple[Verdict, list[str], pd.DataFrame]:
     """The verdict on the gated pools of a requests frame (calibration controls are not gated), the path-numerics
     lines (reports/controls.py; in a calibrated run only: the fp32 built-in engine is exact), and the frame as
@@ -77,7 +80,7 @@ def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: 
     mask = path_numerics(gated) if calibrated else pd.Series(False, index=gated.index)
     lines = []
     if mask.any():
-        lines = path_numerics_lines(gated, mask, {p: t for p, (_, t) in (per_pool or {}).items()})
+        lines = path_numerics_lines(gated, mask, {p: limits[1] for p, limits in (per_pool or {}).items()})
         gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
     onset = restore_onsets(gated, records, references or {}, restore_tolerances or {}) if calibrated else None
     if onset is not None and onset.any():  # the restore moved the first token: drift, whatever the turn's tolerance
@@ -89,7 +92,7 @@ def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: 
 
 
 def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
-               per_pool: dict[str, tuple[float, float]] | None = None) -> Verdict:
+               per_pool: dict[str, tuple] | None = None) -> Verdict:
     """Write requests/boundaries/configs.csv, plots/*.png, report.html, summary.md and junit.xml; return the verdict.
 
     Thresholds default to config.json's (top-level keys, then its `gate` object), then to GateThresholds();

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 
 from harness.calibrate import DRIFT_FLOOR, calibrated_gate, calibrating
@@ -11,6 +12,7 @@ from harness.cli import from_argv
 from harness.config import RunConfig
 from harness.targets.builtin import builtin_plan, server_args
 from reports.gate import GateThresholds
+from reports.render import render_run
 from tests.harness.helpers import make_sessions
 from tests.reports.factory import pair, prompt, write_run
 
@@ -104,11 +106,43 @@ def test_the_restore_tolerance_is_the_cache_controls_first_token_drift_of_restor
     assert "restore tolerance 0.008 (first output token of a restored turn)" in cal["text"]
 
 
+def test_a_turn_whose_summed_drift_passes_the_envelope_fails_the_gate_within_the_tolerance(tmp_path):
+    cand = _pool("i128", 0.075)
+    for r in cand:
+        r["output_logprobs"][0] = -0.25  # the prefill's token as the reference's: drift from output 1 on
+    run = _run(tmp_path, "r", [cand, _pool("ctl-i128-spec", 0.02, radix=False),
+                               _pool("ctl-i128-cache", 0.01, speculative=False)])
+    gate, per_pool = calibrated_gate(run, GateThresholds(), tolerance_given=False)
+    tol, env = per_pool["i128"][1], per_pool["i128"][2]
+    assert tol == pytest.approx(0.08) and env.limits[:3] == pytest.approx((0.06, 0.24, 0.48))
+    cal = json.loads((run / "config.json").read_text())["calibration"]
+    assert cal["per_pool"]["i128"]["envelope"][:3] == pytest.approx([0.06, 0.24, 0.48])
+    assert ("drift envelope 0.06, 0.24, 0.48, 0.48, 0.48 over the first 1, 4, 8, 16, 32 outputs (3x the controls' "
+            "summed drift)") in cal["text"]
+    verdict = render_run(run, gate, per_pool)
+    rows = pd.read_csv(run / "requests.csv")
+    cand = rows[rows["pool"] == "i128"].sort_values("session_id")
+    # 0.075 a position stays within the tolerance 0.08; summed over outputs 0-7 (0.525) it passes the envelope 0.48
+    assert list(cand["class"]) == ["exact", "exact", "drift"] and list(cand["drift_onset"].fillna(-1)) == [-1, -1, 7]
+    assert cand["detail"].iloc[2] == ("log-prob drift summed over outputs 0-7 0.525 > the path's envelope 0.48 there "
+                                      "(max 0.075)")
+    assert verdict.exit_code == 1 and verdict.headline.startswith("FAIL: 0 hard mismatches, 1 drift")
+    assert render_run(run).headline == verdict.headline  # re-rendered from config.json alone: the same judgement
+
+
+def test_a_given_tolerance_keeps_no_envelope(tmp_path):
+    run = _run(tmp_path, "r", [_pool("i128", 0.07), _pool("ctl-i128-spec", 0.02, radix=False)])
+    _, per_pool = calibrated_gate(run, GateThresholds(drift_tolerance=0.5), tolerance_given=True)
+    assert per_pool["i128"] == (0.5, 0.5, None)
+
+
 def test_a_trusted_run_calibrates_each_pool_by_its_own_name(tmp_path):
     trusted = _run(tmp_path, "release", [_pool("i128", 0.005)])
     run = _run(tmp_path, "change", [_pool("i128", 0.3), _pool("i256", 0.0)])
     gate, per_pool = calibrated_gate(run, GateThresholds(), False, baseline_run=str(trusted))
-    assert per_pool == {"i128": (0.5, pytest.approx(0.02))}
+    assert list(per_pool) == ["i128"] and per_pool["i128"][:2] == (0.5, pytest.approx(0.02))
+    # the trusted pool's largest summed drift (0.005 a position over 8 outputs) x 3, at 1, 4 and 8 outputs
+    assert per_pool["i128"][2].limits[:3] == pytest.approx((0.015, 0.06, 0.12))
     cal = json.loads((run / "config.json").read_text())["calibration"]
     assert cal["uncalibrated"] == ["i256"] and cal["baseline_run"] == str(trusted)
     assert cal["text"].startswith(f"from the trusted run {trusted}: clean i128 (the controls sharing its code paths")

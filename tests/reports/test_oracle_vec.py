@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from records.columns import TOP_IDS, TOP_LOGPROBS, to_batch
+from reports.envelope import LADDER, Envelope
 from reports.oracle import classify
 from reports.oracle_vec import Side, classify_batch
 
@@ -80,7 +81,7 @@ def _columns(recs: list[dict]) -> pa.RecordBatch:
     return to_batch([{"key": str(i), **r} for i, r in enumerate(recs)], lambda r: True)
 
 
-def _vector(pairs, threshold=0.5, tolerance=1e-3):
+def _vector(pairs, threshold=0.5, tolerance=1e-3, envelopes=None):
     cands = _columns([c for c, _ in pairs])
     refs = _columns([r or {"output_ids": []} for _, r in pairs])
     sides = [Side.of(b.column("output_ids"), b.column("output_logprobs"), b.column(TOP_LOGPROBS),
@@ -99,7 +100,7 @@ def _vector(pairs, threshold=0.5, tolerance=1e-3):
     out = classify_batch(cand_side, sides[1], [c.get("error") for c, _ in pairs],
                          [r.get("error") if r else None for _, r in pairs],
                          np.array([r is not None for _, r in pairs]), np.full(n, threshold), np.full(n, tolerance),
-                         fallback)
+                         fallback, envelopes)
     return out, fell_back
 
 
@@ -128,3 +129,17 @@ def test_a_batch_with_no_top_k_anywhere():
     got, fell_back = _vector(pairs)
     assert got == [classify(c, r) for c, r in pairs] and not fell_back
     assert got[0].cls == "hard" and got[0].drift.onset == 1 and got[1].cls == "exact" and got[1].drift.value == 0.0
+
+
+@pytest.mark.parametrize("odd", [0.0, 0.3])
+def test_envelopes_are_applied_by_the_arrays_exactly_as_by_the_record_oracle(odd):
+    pairs = _pairs(7 if odd else 8, 400, odd=odd)
+    rng = random.Random(3)
+    # a loose tolerance, so that the envelope (its limits near the pairs' sums) decides many onsets; some rows have
+    # none, as in a run whose controls are analyzed without one
+    envelopes = [None if rng.random() < 0.2 else Envelope(tuple(rng.choice([1e-3, 3e-3, 2e-2]) * n for n in LADDER))
+                 for _ in pairs]
+    got, _ = _vector(pairs, tolerance=0.5, envelopes=envelopes)
+    want = [classify(c, r, 0.5, 0.5, e) for (c, r), e in zip(pairs, envelopes, strict=True)]
+    assert got == want
+    assert sum(1 for c in want if c.drift.envelope is not None) >= 20  # the envelope set those onsets
