@@ -109,3 +109,17 @@ def restore_onsets(df: pd.DataFrame, records: dict[str, dict], references: dict[
         d = first_token_drift(rec, references.get(str(rec.get("input_hash")))) if row["restored"] else None
         out.append(bool(tol is not None and row["class"] == "exact" and d is not None and d > tol))
     return pd.Series(out, index=df.index)
+
+
+RESTORE_ONSET_DETAIL = "first output token moved at the restore"
+
+
+def with_restore_onsets(df: pd.DataFrame, records: dict[str, dict], references: dict[str, dict],
+                        tolerances: dict[str, float]) -> pd.DataFrame:
+    """`df` with its restore-onset rows (restore_onsets) as drift, detail RESTORE_ONSET_DETAIL: the restore moved
+    the first token, whatever the turn's tolerance. Idempotent (those rows are no longer `exact`)."""
+    onset = restore_onsets(df, records, references, tolerances)
+    if not onset.any():
+        return df
+    return df.assign(**{"class": df["class"].where(~onset, "drift"),
+                        "detail": df["detail"].where(~onset, RESTORE_ONSET_DETAIL)})

@@ -21,7 +21,7 @@ from records.incidents import load_incidents
 from records.jsonl import RunRecords, load_run
 from records.rundir import load_config
 from reports.analyze import analyze
-from reports.controls import is_control, path_numerics, path_numerics_lines, restore_onsets
+from reports.controls import is_control, path_numerics, path_numerics_lines, with_restore_onsets
 from reports.diagnosis import diagnose, noise_floor
 from reports.envelope import Envelope
 from reports.exercised import unexercised
@@ -82,10 +82,8 @@ def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: 
     if mask.any():
         lines = path_numerics_lines(gated, mask, {p: limits[1] for p, limits in (per_pool or {}).items()})
         gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
-    onset = restore_onsets(gated, records, references or {}, restore_tolerances or {}) if calibrated else None
-    if onset is not None and onset.any():  # the restore moved the first token: drift, whatever the turn's tolerance
-        gated = gated.assign(**{"class": gated["class"].where(~onset, "drift"),
-                                "detail": gated["detail"].where(~onset, "first output token moved at the restore")})
+    if calibrated:  # the restore moved the first token: drift, whatever the turn's tolerance
+        gated = with_restore_onsets(gated, records, references or {}, restore_tolerances or {})
     found = unexercised(gated, records, thresholds.min_coverage)
     verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()))
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
@@ -112,10 +110,12 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     per_pool = per_pool if per_pool is not None else _per_pool(config)
     df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold,
                  tolerance=thresholds.drift_tolerance, per_pool=per_pool)
+    records = {r.get("key"): r for r in run.candidates}
+    if calibrated:  # before the tables, so that requests.csv and every table count them as the verdict does
+        df = with_restore_onsets(df, records, run.references, _restore_tolerances(config))
     tables = write_tables(df, run_dir, run.stats, run.candidates)
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
-    records = {r.get("key"): r for r in run.candidates}
     verdict, _, judged = judge(df, records, thresholds, calibrated, per_pool, run.references,
                                _restore_tolerances(config))
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],

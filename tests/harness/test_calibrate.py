@@ -136,6 +136,26 @@ def test_a_given_tolerance_keeps_no_envelope(tmp_path):
     assert per_pool["i128"] == (0.5, 0.5, None)
 
 
+def test_requests_csv_counts_a_restore_that_moved_the_first_token_as_the_verdict_does(tmp_path):
+    restored = _pool("ctl-i128-cache", 0.01, speculative=False)
+    for r in restored:
+        if r["role"] == "candidate":
+            r["cached_tokens"] = 32
+            r["output_logprobs"][0] = -0.25 - 0.002
+    cand = _pool("i128", 0.0)
+    for r in cand:
+        if r["role"] == "candidate":  # 0.05 at the first token: past the restore tolerance 0.008, within the rest
+            r["cached_tokens"] = 32
+            r["output_logprobs"][0] = -0.25 - 0.05
+    run = _run(tmp_path, "r", [cand, _pool("ctl-i128-spec", 0.02, radix=False), restored])
+    verdict = render_run(run, *calibrated_gate(run, GateThresholds(), tolerance_given=False))
+    rows = pd.read_csv(run / "requests.csv")
+    rows = rows[rows["pool"] == "i128"]
+    assert list(rows["class"]) == ["drift"] * 3
+    assert list(rows["detail"]) == ["first output token moved at the restore"] * 3
+    assert verdict.headline.startswith("FAIL: 0 hard mismatches, 3 drift (3/3 requests)")
+
+
 def test_a_trusted_run_calibrates_each_pool_by_its_own_name(tmp_path):
     trusted = _run(tmp_path, "release", [_pool("i128", 0.005)])
     run = _run(tmp_path, "change", [_pool("i128", 0.3), _pool("i256", 0.0)])
