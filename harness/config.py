@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from harness.engine_args import COVER_ARGS
 from harness.errors import ConfigError
@@ -243,6 +244,10 @@ def validate(c: RunConfig) -> None:
             check_fault_name(c.inject_fault)
         except ValueError as e:
             raise ConfigError(f"--inject-fault: {e}") from None
+    if c.baseline_run is not None:  # checked before any replica starts: the calibration reads it at the end
+        records = Path(c.baseline_run) / "records"
+        need(records.is_dir() and any(records.iterdir()),
+             f"--baseline-run: {c.baseline_run!r} is not a run directory with records (no files in {records})")
     for url in c.endpoint + c.reference_endpoint:
         need(re.match(r"^https?://[^/\s]+", url) is not None,
              f"--endpoint / --reference-endpoint must be http(s)://host:port URLs, got {url!r}")

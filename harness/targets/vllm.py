@@ -200,7 +200,7 @@ class VLLMTarget(ManagedTarget):
         cands, ref = pools(cfg.candidate_args, cfg.diagnose, calibrating(cfg) and not cfg.baseline_run)
         n_sessions = len(plan.candidates[0].sessions) if plan.candidates else 0
         text = describe(cfg, python, cands, ref, n_sessions)
-        return text + (f"\nworkload: {plan.workload}" if plan.workload else "")
+        return text + (f"\n{plan.workload}" if plan.workload else "")
 
     # --- servers --------------------------------------------------------------------------------------------
     def launch(self, pool: PoolPlan) -> Launch:

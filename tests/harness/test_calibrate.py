@@ -9,7 +9,7 @@ import pytest
 
 from harness.calibrate import DRIFT_FLOOR, calibrated_gate, calibrating
 from harness.cli import from_argv
-from harness.config import RunConfig
+from harness.config import ConfigError, RunConfig
 from harness.targets.builtin import builtin_plan, server_args
 from reports.gate import GateThresholds
 from reports.render import render_run
@@ -40,14 +40,24 @@ def test_bf16_calibrates_against_clean_controls_of_each_path():
     assert all(len(p.sessions) == 2 for p in plan.candidates)  # the controls serve the candidates' sessions
 
 
-def test_fp32_is_exact_unless_asked():
+def test_fp32_is_exact_unless_asked(tmp_path):
     cfg, plan = _plan()
     assert not calibrating(cfg) and [p.name for p in plan.candidates] == ["i128"]
     assert "--dtype" not in server_args(cfg, plan.candidates[0].engine) and plan.candidates[0].engine.args == ()
     cfg, plan = _plan(calibrate=True)
     assert [p.name for p in plan.candidates] == ["i128", "ctl-i128-spec", "ctl-i128-cache"]
-    cfg, plan = _plan(dtype="bfloat16", baseline_run="runs/last-release")  # the trusted run's records instead
+    trusted = _run(tmp_path, "last-release", [_pool("i128", 0.005)])
+    cfg, plan = _plan(dtype="bfloat16", baseline_run=str(trusted))  # the trusted run's records instead
     assert calibrating(cfg) and [p.name for p in plan.candidates] == ["i128"]
+
+
+def test_a_baseline_run_without_records_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "empty" / "records").mkdir(parents=True)
+    for path in (tmp_path / "missing", tmp_path / "empty"):
+        with pytest.raises(ConfigError) as e:
+            _plan(dtype="bfloat16", baseline_run=str(path))
+        assert str(e.value) == (f"--baseline-run: {str(path)!r} is not a run directory with records (no files in "
+                                f"{path / 'records'})")
 
 
 def test_candidate_args_take_a_value_that_starts_with_dashes():

@@ -115,6 +115,8 @@ def test_dry_run_shows_every_server_command(model_dir, tmp_path, capsys):
                                      for s in servers)
     assert all("--dtype bfloat16" in s and "--enable-prompt-tokens-details" in s for s in servers)
     assert "--no-enable-prefix-caching --host HOST" in servers[-1]  # the reference: neither speculation nor cache
+    workload = [line for line in out.splitlines() if "workload:" in line]
+    assert len(workload) == 1 and workload[0].startswith("workload: ") and workload[0].count("workload:") == 1
     assert not (tmp_path / "runs").exists()
 
 
