@@ -30,9 +30,9 @@ from harness.backends import PROBE_KEY, Backend, ReplicaFailure, RequestError
 from harness.backends.info import GATED_STRATEGIES, speculative, strategy_of, track_interval
 from harness.backends.sglang import SGLangBackend
 from harness.errors import ConfigError, HarnessError
-from harness.plan import REFERENCE_POOL, Plan, PoolPlan
+from harness.plan import Plan, PoolPlan
 from harness.targets.base import Need, Reported, reported_settings
-from harness.targets.managed import Launch, ManagedTarget
+from harness.targets.managed import Launch, ProfileTarget
 from harness.targets.sglang_profile import (
     BOOTSTRAP,
     CPU_FLAGS,
@@ -46,9 +46,9 @@ from harness.targets.sglang_profile import (
     server_args,
     value_of,
 )
-from harness.targets.venv import InterpreterNotFound, Venv, find_python
+from harness.targets.venv import Venv, find_python
 from harness.targets.vllm import probe_replica
-from harness.workload import WorkloadTarget, from_flags, suite_flag
+from harness.workload import WorkloadTarget, suite_flag
 from reports.gate import GateThresholds
 
 if TYPE_CHECKING:
@@ -100,12 +100,13 @@ def check_flags(name: str, asked, info: dict, model_path: str) -> str | None:
     return None
 
 
-class SGLangTarget(ManagedTarget):
+class SGLangTarget(ProfileTarget):
     """SGLang's native server; each pool's settings are what its servers report once they are up."""
 
     key = "sglang"
     controls = frozenset({"candidate_args", "calibrate"})
     default_backend = "sglang"
+    venv = VENV
     # SGLang's CPU path in fp32 (the model card's --dtype): radix-cached and cold answers agree to float noise
     # (6.9e-06 at most, measured at concurrency 4 with the built Llama), so the built-in engine's tolerance holds;
     # --candidate-args with another dtype wants --calibrate or --drift-tolerance
@@ -137,15 +138,6 @@ class SGLangTarget(ManagedTarget):
              "GPU flags (--device cuda --attention-backend ...) on a GPU node")
 
     # --- workload -------------------------------------------------------------------------------------------
-    def workload(self, infos: dict[str, dict]) -> WorkloadTarget:
-        """The flags' intervals and B, in --tokenizer or the --model directory's tokenizer."""
-        cfg = self.cfg
-        if cfg.tokenizer:
-            return from_flags(cfg, cfg.tokenizer, "--tokenizer")
-        if (Path(cfg.model_path).expanduser() / "tokenizer.json").exists():
-            return from_flags(cfg, cfg.model_path, "--model (the SGLang model directory)")
-        return from_flags(cfg, None, f"--model {cfg.model_path} holds no tokenizer.json")
-
     def sessions(self, target: WorkloadTarget) -> tuple[list, int]:
         """The workload's sessions; ConfigError when one sends an id outside the model's vocabulary."""
         sessions, left_out = super().sessions(target)
@@ -157,29 +149,22 @@ class SGLangTarget(ManagedTarget):
         return sessions, left_out
 
     # --- pools ----------------------------------------------------------------------------------------------
-    def plan(self, sessions: list, infos: dict[str, dict]) -> Plan:
-        """Pools from the flags (sglang_profile.pools); each candidate serves every session (its interval is what
-        its servers report, known once they are up)."""
-        cfg = self.cfg
-        cands, ref = pools(cfg.candidate_args, cfg.calibrate)
-        plans = tuple(PoolPlan(p.name, "candidate", engine_spec(p), cfg.replicas, tuple(sessions)) for p in cands)
-        return Plan(plans, PoolPlan(REFERENCE_POOL, "reference", engine_spec(ref), cfg.reference_replicas),
-                    cfg.concurrency, 0)
+    def python_flag(self) -> str | None:
+        return self.cfg.sglang_python
 
-    def describe(self, plan: Plan) -> str:
-        """Pools, commands, environment, and what is read from the servers (nothing is started)."""
-        cfg = self.cfg
-        try:
-            python = find_python(VENV, cfg.sglang_python)
-        except InterpreterNotFound as e:
-            python = f"<no SGLang interpreter: {e}>"
-        cands, ref = pools(cfg.candidate_args, cfg.calibrate)
-        n_sessions = len(plan.candidates[0].sessions) if plan.candidates else 0
-        text = describe(cfg, python, cands, ref, n_sessions)
+    def profile_pools(self) -> tuple[list, object]:
+        """sglang_profile.pools: with --calibrate the `baseline` pool."""
+        return pools(self.cfg.candidate_args, self.cfg.calibrate)
+
+    def engine_spec(self, pool) -> object:
+        return engine_spec(pool)
+
+    def describe_pools(self, python: str, cands: list, ref, n_sessions: int) -> str:
+        text = describe(self.cfg, python, cands, ref, n_sessions)
         if any(p.radix_cache and not p.speculative for p in cands):
             text += (f"\nno speculation on a candidate: {CPU_REFUSES} on CPU; the report narrows (radix-cache hits "
                      "are gated, verify steps and speculation cells are not)")
-        return text + (f"\n{plan.workload}" if plan.workload else "")
+        return text
 
     # --- servers --------------------------------------------------------------------------------------------
     def launch(self, pool: PoolPlan) -> Launch:

@@ -29,13 +29,13 @@ from harness.backends.info import speculative
 from harness.backends.openai import OpenAIBackend
 from harness.calibrate import calibrating
 from harness.errors import ConfigError, HarnessError
-from harness.plan import REFERENCE_POOL, Plan, PoolPlan
+from harness.plan import Plan, PoolPlan
 from harness.targets.base import Need
-from harness.targets.managed import Launch, ManagedTarget
-from harness.targets.venv import InterpreterNotFound, Venv, find_python, isolated
+from harness.targets.managed import Launch, ProfileTarget
+from harness.targets.venv import Venv, find_python, isolated
 from harness.targets.vllm_profile import VLLMArgsError, check_args, describe, engine_spec, make_pool, pools, server_args
 from harness.targets.vllm_workload import SUITE, boundary_sessions
-from harness.workload import WorkloadTarget, from_flags, suite_flag
+from harness.workload import WorkloadTarget, suite_flag
 from protocol.tokenizer import TokenizerError
 
 if TYPE_CHECKING:
@@ -131,12 +131,13 @@ def acceptance_lines(path: Path) -> list[str]:
     return lines
 
 
-class VLLMTarget(ManagedTarget):
+class VLLMTarget(ProfileTarget):
     """vLLM's OpenAI server; each pool's settings are what its servers report once they are up."""
 
     key = "vllm"
     controls = frozenset({"candidate_args", "diagnose", "calibrate"})
     default_backend = "openai"
+    venv = VENV
 
     @classmethod
     def refused(cls, control: str, offered_by: tuple[str, ...] = ()) -> str:
@@ -161,15 +162,6 @@ class VLLMTarget(ManagedTarget):
             need(False, f"--candidate-args: {e}")
 
     # --- workload -------------------------------------------------------------------------------------------
-    def workload(self, infos: dict[str, dict]) -> WorkloadTarget:
-        """The flags' intervals and B, in --tokenizer or the --model directory's tokenizer."""
-        cfg = self.cfg
-        if cfg.tokenizer:
-            return from_flags(cfg, cfg.tokenizer, "--tokenizer")
-        if (Path(cfg.model_path).expanduser() / "tokenizer.json").exists():
-            return from_flags(cfg, cfg.model_path, "--model (the vLLM model directory)")
-        return from_flags(cfg, None, f"--model {cfg.model_path} holds no tokenizer.json")
-
     def sessions(self, target: WorkloadTarget) -> tuple[list, int]:
         """The workload's sessions; none yet for --suite vllm-boundary (built once the servers report their
         block, in `settle`)."""
@@ -181,26 +173,19 @@ class VLLMTarget(ManagedTarget):
         return [], 0
 
     # --- pools ----------------------------------------------------------------------------------------------
-    def plan(self, sessions: list, infos: dict[str, dict]) -> Plan:
-        """Pools from the flags (vllm_profile.pools); each candidate serves every session (their interval is the
-        server's block, known once it is up)."""
-        cfg = self.cfg
-        cands, ref = pools(cfg.candidate_args, cfg.diagnose, calibrating(cfg) and not cfg.baseline_run)
-        plans = tuple(PoolPlan(p.name, "candidate", engine_spec(p), cfg.replicas, tuple(sessions)) for p in cands)
-        return Plan(plans, PoolPlan(REFERENCE_POOL, "reference", engine_spec(ref), cfg.reference_replicas),
-                    cfg.concurrency, 0)
+    def python_flag(self) -> str | None:
+        return self.cfg.vllm_python
 
-    def describe(self, plan: Plan) -> str:
-        """Pools, commands, environment, and what is read from the servers (nothing is started)."""
+    def profile_pools(self) -> tuple[list, object]:
+        """vllm_profile.pools: with --diagnose the two halves, when calibrating the `baseline` pool."""
         cfg = self.cfg
-        try:
-            python = find_python(VENV, cfg.vllm_python)
-        except InterpreterNotFound as e:
-            python = f"<no vLLM interpreter: {e}>"
-        cands, ref = pools(cfg.candidate_args, cfg.diagnose, calibrating(cfg) and not cfg.baseline_run)
-        n_sessions = len(plan.candidates[0].sessions) if plan.candidates else 0
-        text = describe(cfg, python, cands, ref, n_sessions)
-        return text + (f"\n{plan.workload}" if plan.workload else "")
+        return pools(cfg.candidate_args, cfg.diagnose, calibrating(cfg) and not cfg.baseline_run)
+
+    def engine_spec(self, pool) -> object:
+        return engine_spec(pool)
+
+    def describe_pools(self, python: str, cands: list, ref, n_sessions: int) -> str:
+        return describe(self.cfg, python, cands, ref, n_sessions)
 
     # --- servers --------------------------------------------------------------------------------------------
     def launch(self, pool: PoolPlan) -> Launch:
