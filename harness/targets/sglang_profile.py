@@ -44,9 +44,16 @@ RESERVED = {"--host": None, "--port": None, "--model-path": "--model", "--model"
 # `python -m sglang.launch_server` with the API key from the replica's environment (SPECGATE_API_KEY, set by
 # harness/replica.py), so that it is never on a command line; the project tree (the working directory) is kept
 # off sys.path, since SGLang's venv must not import this project's packages.
+# SGLang prints its whole server_args, api_key included, into the log (RUN_DIR/logs): the key is written out of every
+# line that goes through the server's sys.stdout / sys.stderr (its logging handlers and forked children included)
 BOOTSTRAP = ("import os, runpy, sys\n"
              "sys.path[:] = [p for p in sys.path if p not in ('', os.getcwd())]\n"
              "key = os.environ.pop('SPECGATE_API_KEY', '')\n"
+             "class Redacted:\n"
+             "    def __init__(self, f): self._f = f\n"
+             "    def write(self, t): return self._f.write(t.replace(key, '<redacted>') if isinstance(t, str) else t)\n"
+             "    def __getattr__(self, name): return getattr(self._f, name)\n"
+             "if key: sys.stdout, sys.stderr = Redacted(sys.stdout), Redacted(sys.stderr)\n"
              "sys.argv = ['sglang.launch_server', *sys.argv[1:]] + (['--api-key', key] if key else [])\n"
              "runpy.run_module('sglang.launch_server', run_name='__main__', alter_sys=True)\n")
 

@@ -11,6 +11,7 @@ transformers' own greedy continuation (`hf_build.py continue`), an oracle indepe
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,9 @@ def test_sglang_llama_with_the_radix_cache_passes_against_the_cold_reference(tmp
         "0.5.23", "cpu", "float32", False)
     assert info["api_key"] == "<redacted>" and "--api-key <redacted>" in info["launch_command"]
     assert "speculation" in config["narrowed"]["sglang"]
+    logs = {p.name: p.read_text(errors="replace") for p in (run_dir / "logs").glob("*.log")}
+    keys = {k for text in logs.values() for k in re.findall(r"'api_key': '([^']*)'", text)}
+    assert len(logs) >= 2 and "server_args=" in "".join(logs.values()) and keys == {"<redacted>"}  # never the key
     records = load_run(run_dir).candidates
     assert len(records) == 2 * SESSIONS * 2  # 2 sweep points, two-turn sessions
     assert all(r["error"] is None for r in records)

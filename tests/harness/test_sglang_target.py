@@ -46,14 +46,15 @@ def test_pools_the_candidate_runs_its_flags_and_the_reference_the_same_cold():
 
 
 def test_the_bootstrap_puts_the_key_from_the_environment_on_sglang_s_argv_only(tmp_path):
-    """A stand-in `sglang.launch_server` prints what it was given: the flags with --api-key appended, the key gone
-    from its environment, the working directory off sys.path; the process's own command line never holds it."""
+    """A stand-in `sglang.launch_server` writes what it was given to fd 1 (past the bootstrap's redacting
+    sys.stdout): the flags with --api-key appended, the key gone from its environment, the working directory off
+    sys.path; the process's own command line never holds it."""
     (tmp_path / "mods" / "sglang").mkdir(parents=True)
     (tmp_path / "mods" / "sglang" / "__init__.py").write_text("")
     (tmp_path / "mods" / "sglang" / "launch_server.py").write_text(
         "import json, os, sys\nif __name__ == '__main__':\n"
-        "    print(json.dumps([sys.argv, 'SPECGATE_API_KEY' in os.environ, os.getcwd() in sys.path, '' in sys.path,"
-        " open('/proc/self/cmdline').read().count('s3cret')]))\n")
+        "    os.write(1, json.dumps([sys.argv, 'SPECGATE_API_KEY' in os.environ, os.getcwd() in sys.path, '' in "
+        "sys.path, open('/proc/self/cmdline').read().count('s3cret')]).encode())\n")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "mods"), "SPECGATE_API_KEY": "s3cret"}
     out = subprocess.run([sys.executable, "-c", BOOTSTRAP, "--model-path", "/m", "--port", "1"], env=env,
                          cwd=tmp_path, capture_output=True, text=True, check=True).stdout
@@ -64,6 +65,30 @@ def test_the_bootstrap_puts_the_key_from_the_environment_on_sglang_s_argv_only(t
     out = subprocess.run([sys.executable, "-c", BOOTSTRAP, "--port", "1"], env=env, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout
     assert json.loads(out)[0][1:] == ["--port", "1"]
+
+
+def test_the_bootstrap_writes_the_key_out_of_everything_sglang_logs(tmp_path):
+    """SGLang logs its server_args, api_key included: through print, a logging handler, and a forked child, the
+    key reaches the log file as <redacted>."""
+    (tmp_path / "mods" / "sglang").mkdir(parents=True)
+    (tmp_path / "mods" / "sglang" / "__init__.py").write_text("")
+    (tmp_path / "mods" / "sglang" / "launch_server.py").write_text(
+        "import logging, os, sys\n"
+        "key = sys.argv[sys.argv.index('--api-key') + 1]\n"
+        "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+        "logging.info('server_args=%s', {'api_key': key})\n"
+        "print(f'argv: {sys.argv[1:]}', flush=True)\n"
+        "if os.fork() == 0:\n"
+        "    print(f'child: {key}', file=sys.stderr, flush=True)\n"
+        "    os._exit(0)\n"
+        "os.wait()\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "mods"), "SPECGATE_API_KEY": "s3cret-key"}
+    with open(tmp_path / "server.log", "wb") as log:
+        subprocess.run([sys.executable, "-c", BOOTSTRAP, "--port", "1"], env=env, cwd=tmp_path, stdout=log,
+                       stderr=subprocess.STDOUT, check=True)
+    text = (tmp_path / "server.log").read_text()
+    assert sorted(text.splitlines()) == ["argv: ['--port', '1', '--api-key', '<redacted>']",
+                                         "child: <redacted>", "server_args={'api_key': '<redacted>'}"]
 
 
 def test_the_environment_is_sglang_s_cpu_engine_offline_with_a_home_of_its_own(tmp_path):
