@@ -228,6 +228,9 @@ def _main(argv: list[str] | None) -> int:
         lock.release()
         if failed and not cfg.resume and discard_if_empty(run_dir):
             print(f"specgate: removed {run_dir}: the run recorded nothing", file=sys.stderr)
+        elif failed:
+            print(f"specgate: records so far are in {run_dir}; finish with: python -m harness.run --resume "
+                  f"{run_dir}", file=sys.stderr)
 
 
 def _run(cfg: RunConfig, target: Target, run_dir: Path, probed: tuple[Plan, dict[str, dict]]) -> int:
@@ -242,7 +245,7 @@ def _run(cfg: RunConfig, target: Target, run_dir: Path, probed: tuple[Plan, dict
         return EXIT_HARNESS_FAILED
     except Exception:  # noqa: BLE001 - a harness bug must not look like a gate verdict
         traceback.print_exc()
-        print(f"specgate: error: the harness failed; records so far are in {run_dir}", file=sys.stderr)
+        print("specgate: error: the harness failed", file=sys.stderr)
         return EXIT_HARNESS_FAILED
     print(progress.summary())
     if progress.done == 0:
