@@ -46,7 +46,7 @@ class ResumeIndex:
     keys: frozenset[str]  # every recorded key: candidates, references, stats
     candidates: dict[str, RecordedTurn]  # candidate key -> its record's summary
     reference_hashes: frozenset[str]  # input hashes that have a reference record
-    last_turns: dict[tuple[str, int | None, str], RecordedTurn]  # (pool, concurrency, session id) -> last turn
+    last_turns: dict[tuple[str, str, str], RecordedTurn]  # (pool, `<pool>-<point>` key head, session id) -> last turn
 
     def missing_references(self) -> set[str]:
         """Input hashes of recorded candidates that have no reference record yet."""
@@ -182,7 +182,8 @@ class RunReader:
                         turn = row["turn"] if isinstance(row["turn"], int) else None
                         rt = RecordedTurn(row["key"], turn, row["input_hash"], row["error"] is not None)
                         candidates[row["key"]] = rt
-                        where = (row["pool"], row["concurrency"], row["session_id"])
+                        head = row["key"].split("/", 1)[0]  # `<pool>-<point>`: open-loop points have no concurrency
+                        where = (row["pool"], head, row["session_id"])
                         if turn is not None and (where not in last or (last[where].turn or 0) < turn):
                             last[where] = rt
         return ResumeIndex(frozenset(k for k in seen if isinstance(k, str)), candidates, frozenset(refs), last)

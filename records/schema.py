@@ -50,6 +50,12 @@ def point_label(record: dict) -> str | None:
     return head[len(pool) + 1:] if head.startswith(pool + "-") else None
 
 
+def sweep_point_of(key, concurrency) -> object:
+    """A candidate's sweep point: its key's `<pool>-<point>` head (`i128-c4`, `i128-r2.5`: open-loop points all
+    have concurrency None), else its concurrency (records without such a key)."""
+    return key.split("/", 1)[0] if isinstance(key, str) and "/" in key else concurrency
+
+
 def reference_key(input_hash: str) -> str:
     return f"ref/{input_hash}"
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from protocol.boundaries import boundaries_between, boundary_step, crossed_boundary, nearest_boundary_offset
+from records.schema import sweep_point_of
 from reports.envelope import Envelope
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, Classification, classify
 
@@ -202,17 +203,19 @@ def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
     a multiple of the interval); "none" otherwise (the previous turn did not take it: another session's, or one
     restored before); None without a restore or a previous turn.
     """
-    pool, conc, session, turns = cols["pool"], cols["concurrency"], cols["session_id"], cols["turn"]
+    pool, session, turns = cols["pool"], cols["session_id"], cols["turn"]
+    keys = cols.get("key") or [None] * len(turns)
+    point = [sweep_point_of(k, c) for k, c in zip(keys, cols["concurrency"], strict=True)]
     cached_col, classes, intervals = cols["cached_tokens"], cols["class"], cols["interval"]
     input_lens = cols["input_len"]
     index: dict[tuple, int] = {}
     for i in range(len(turns)):
-        index.setdefault((pool[i], conc[i], session[i], turns[i]), i)
+        index.setdefault((pool[i], point[i], session[i], turns[i]), i)
     for i, turn in enumerate(turns):
         cached = cached_col[i]
         if not isinstance(turn, int) or turn <= 0 or cached <= 0:
             continue
-        where = (pool[i], conc[i], session[i])
+        where = (pool[i], point[i], session[i])
         prev = index.get((*where, turn - 1))
         # a turn that restored this same checkpoint did not take it: the turn before it did (a turn that branches
         # off its history restores the checkpoint the turn it branched from restored)

@@ -11,8 +11,12 @@ from reports.escape import xml_safe
 from reports.results import case_text, value_or_none
 
 
-def sweep_point(pool, concurrency) -> str:
-    """The JUnit classname of a sweep point, e.g. `i256.c4`."""
+def sweep_point(pool, concurrency, key=None) -> str:
+    """The JUnit classname of a sweep point, e.g. `i256.c4`, or `i256.r2.5` for an open-loop one (from the
+    record's key: open-loop points have no concurrency)."""
+    head = key.split("/", 1)[0] if isinstance(key, str) and "/" in key else ""
+    if head.startswith(f"{pool}-"):
+        return xml_safe(f"{pool}.{head[len(str(pool)) + 1:]}")
     conc = value_or_none(concurrency)
     return xml_safe(f"{pool}.c{conc}" if conc is not None else str(pool))
 
@@ -32,7 +36,7 @@ def _points(df: pd.DataFrame) -> dict[str, dict[str, list[dict]]]:
     whole = dict(zip(texts, df.iloc[texts].to_dict("records"), strict=True)) if texts else {}
     for i in range(len(df)):
         r = whole.get(i) or {c: cols[c][i] for c in _BRIEF}
-        sessions = points.setdefault(sweep_point(r["pool"], r["concurrency"]), {})
+        sessions = points.setdefault(sweep_point(r["pool"], r["concurrency"], r["key"]), {})
         sessions.setdefault(str(r["session_id"]), []).append(r)
     return points
 

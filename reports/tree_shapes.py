@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from records.schema import sweep_point_of
 from reports.oracle import FLAGGED
 
 SHAPES = ("checkpoint", "split", "deeper", "sibling")  # the first three partition the restored requests
@@ -112,7 +113,8 @@ def request_shapes(candidates: list[dict]) -> pd.DataFrame:
     points: dict[tuple, list[dict]] = defaultdict(list)
     for rec in candidates:
         if rec.get("role", "candidate") == "candidate" and rec.get("t_start") is not None:
-            points[(rec.get("pool"), rec.get("concurrency"), rec.get("replica_id"))].append(rec)
+            points[(rec.get("pool"), sweep_point_of(rec.get("key"), rec.get("concurrency")),
+                    rec.get("replica_id"))].append(rec)
     rows = []
     for recs in points.values():
         rows += _point_shapes(recs)

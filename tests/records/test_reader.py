@@ -82,8 +82,8 @@ def test_the_resume_index_holds_keys_hashes_and_each_sessions_last_turn(run_dir)
     assert index.candidates == {c["key"]: RecordedTurn(c["key"], c["turn"], c["input_hash"], c["error"] is not None)
                                 for c in run.candidates}
     assert {k: v.key for k, v in index.last_turns.items()} == {
-        ("i128", 1, "a"): "i128-c1/a/2", ("i128", 4, "a"): "i128-c4/a/1", ("i256", 1, "b"): "i256-c1/b/2",
-        ("i128", 1, "c"): "i128-c1/c/0"}
+        ("i128", "i128-c1", "a"): "i128-c1/a/2", ("i128", "i128-c4", "a"): "i128-c4/a/1",
+        ("i256", "i256-c1", "b"): "i256-c1/b/2", ("i128", "i128-c1", "c"): "i128-c1/c/0"}
     assert index.candidates["i256-c1/b/1"].failed and not index.candidates["i256-c1/b/0"].failed
     assert index.missing_references() == set()
 

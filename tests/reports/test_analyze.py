@@ -238,6 +238,22 @@ def test_restored_verify_crossed_false_cases(trace, cached, conc1):
     assert not df["restored_verify_crossed"].any()
 
 
+def test_open_loop_points_link_each_turn_to_its_own_points_previous_turn():
+    """Two --request-rate points: every record has concurrency None, the keys tell the points apart. Turn 0 of
+    r1 crossed 256 in a verify step, r2's turn 0 did not; each point's turn 1 restores 256."""
+    p0, out0 = prompt(250), list(range(65, 81))
+    p1 = p0 + out0 + prompt(10, 5)
+    recs = []
+    for point, trace in (("r1", [[251, 3, -1], [254, 3, -1]]), ("r2", [[257, 3, -1], [260, 3, -1]])):
+        recs += pair(p0, out0, session_id="s", turn=0, spec_trace=trace, concurrency=None,
+                     key=f"i256-{point}/s/0")
+        recs += pair(p1, [70] * 8, session_id="s", turn=1, cached_tokens=256, spec_trace=[], concurrency=None,
+                     key=f"i256-{point}/s/1")
+    df = run(recs)
+    assert df.loc["i256-r1/s/1", "restored_link"] == "verify" and df.loc["i256-r1/s/1", "restored_verify_crossed"]
+    assert df.loc["i256-r2/s/1", "restored_link"] == "none" and not df.loc["i256-r2/s/1", "restored_verify_crossed"]
+
+
 def test_analyze_empty_input_has_every_column():
     df = analyze([], {})
     assert len(df) == 0 and "restored_verify_crossed" in df.columns

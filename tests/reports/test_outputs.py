@@ -186,3 +186,11 @@ def test_tree_shapes_are_written_and_shown_beside_the_cells(tmp_path):
     summary = (run_dir / "summary.md").read_text()
     assert "Tree shapes at interval 256 (restored requests, flagged): checkpoint 1 (0), split 0 (0), deeper 2 (0)" \
         in summary
+
+
+def test_junit_names_open_loop_points_by_their_rate_from_the_key():
+    from reports.junit import sweep_point
+
+    assert sweep_point("i128", None, "i128-r2.5/s/0") == "i128.r2.5"  # open loop: concurrency None
+    assert sweep_point("i128", 4, "i128-c4/s/0") == "i128.c4" and sweep_point("i128", 4) == "i128.c4"
+    assert sweep_point("i128", None) == "i128"
