@@ -147,17 +147,23 @@ def with_restore_tolerance(cal: Calibration, candidates: list[dict], references:
     return replace(cal, restore_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(drifts)))
 
 
-def with_envelope(cal: Calibration, candidates: list[dict], references: dict[str, dict]) -> Calibration:
-    """`cal` with the drift envelope of its controls' answered records (reports/envelope.py); unchanged when the
-    tolerance was given (--drift-tolerance: the user's limit alone) or no control answered."""
-    if cal.tolerance_source != "calibrated":
-        return cal
-    sums = []
+def ladder_sums_by_pool(pools: set[str], candidates: list[dict], references: dict[str, dict]
+                        ) -> dict[str, list[tuple[float, ...]]]:
+    """Per pool of `pools`: the ladder sums (reports/envelope.py) of its answered records, each computed once."""
+    out: dict[str, list[tuple[float, ...]]] = {p: [] for p in pools}
     for r in candidates:
         ref = references.get(str(r.get("input_hash")))
-        if r.get("pool") in cal.controls and not r.get("error") and ref is not None and not ref.get("error"):
-            sums.append(ladder_sums(compared_drifts(r, ref)))
-    env = Envelope.of(sums)
+        if r.get("pool") in out and not r.get("error") and ref is not None and not ref.get("error"):
+            out[r["pool"]].append(ladder_sums(compared_drifts(r, ref)))
+    return out
+
+
+def with_envelope(cal: Calibration, sums: dict[str, list[tuple[float, ...]]]) -> Calibration:
+    """`cal` with the drift envelope of its controls' answered records (`sums`: ladder_sums_by_pool); unchanged
+    when the tolerance was given (--drift-tolerance: the user's limit alone) or no control answered."""
+    if cal.tolerance_source != "calibrated":
+        return cal
+    env = Envelope.of([s for pool in cal.controls for s in sums.get(pool, ())])
     return replace(cal, envelope=env.limits) if env is not None else cal
 
 
@@ -204,8 +210,10 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
         source_df = df[df["pool"].map(is_control)]
     cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run))
     source_run = trusted if baseline_run else run
-    cals = {p: with_envelope(with_restore_tolerance(c, source_run.candidates, source_run.references),
-                             source_run.candidates, source_run.references) for p, c in cals.items()}
+    sums = ladder_sums_by_pool({c for cal in cals.values() for c in cal.controls}, source_run.candidates,
+                               source_run.references)
+    cals = {p: with_envelope(with_restore_tolerance(c, source_run.candidates, source_run.references), sums)
+            for p, c in cals.items()}
     per_pool = {p: limits_of(c) for p, c in cals.items()}
     gated = [c for p, c in cals.items() if not is_control(p)]
     calibrated = gate
