@@ -194,7 +194,7 @@ def limits_of(cal: Calibration) -> tuple:
 def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, baseline_run: str | None = None
                     ) -> tuple[GateThresholds, dict[str, tuple]]:
     """Calibrate from the run's controls (or `baseline_run`'s records); record it in config.json; the thresholds
-    to gate with and the per-pool (margin threshold, drift tolerance) for reports.analyze.
+    to gate with and the per-pool (margin threshold, drift tolerance, envelope) for reports.analyze.
 
     Without control records the configured thresholds stay, and config.json says so."""
     run = load_run(run_dir)
