@@ -77,6 +77,15 @@ def _pool(pool: str, drift: float, n: int = 3, *, radix: bool = True, speculativ
     return recs
 
 
+def _restored(recs: list[dict], first_drift: float) -> list[dict]:
+    """`recs` with every candidate restoring 32 tokens and its first output token `first_drift` off the reference."""
+    for r in recs:
+        if r["role"] == "candidate":
+            r["cached_tokens"] = 32
+            r["output_logprobs"][0] = -0.25 - first_drift
+    return recs
+
+
 def _run(tmp_path, name, pools):
     recs = [r for p in pools for r in p]
     seen, unique = set(), []
@@ -104,11 +113,7 @@ def test_each_pool_takes_the_tolerance_of_the_controls_on_its_path(tmp_path):
 
 
 def test_the_restore_tolerance_is_the_cache_controls_first_token_drift_of_restored_turns(tmp_path):
-    restored = _pool("ctl-i128-cache", 0.01, speculative=False)
-    for r in restored:
-        if r["role"] == "candidate":
-            r["cached_tokens"] = 32
-            r["output_logprobs"][0] = -0.25 - 0.002
+    restored = _restored(_pool("ctl-i128-cache", 0.01, speculative=False), first_drift=0.002)
     run = _run(tmp_path, "r", [_pool("i128", 0.3), _pool("ctl-i128-spec", 0.02, radix=False), restored])
     calibrated_gate(run, GateThresholds(), tolerance_given=False)
     cal = json.loads((run / "config.json").read_text())["calibration"]
@@ -147,16 +152,8 @@ def test_a_given_tolerance_keeps_no_envelope(tmp_path):
 
 
 def test_requests_csv_counts_a_restore_that_moved_the_first_token_as_the_verdict_does(tmp_path):
-    restored = _pool("ctl-i128-cache", 0.01, speculative=False)
-    for r in restored:
-        if r["role"] == "candidate":
-            r["cached_tokens"] = 32
-            r["output_logprobs"][0] = -0.25 - 0.002
-    cand = _pool("i128", 0.0)
-    for r in cand:
-        if r["role"] == "candidate":  # 0.05 at the first token: past the restore tolerance 0.008, within the rest
-            r["cached_tokens"] = 32
-            r["output_logprobs"][0] = -0.25 - 0.05
+    restored = _restored(_pool("ctl-i128-cache", 0.01, speculative=False), first_drift=0.002)
+    cand = _restored(_pool("i128", 0.0), first_drift=0.05)  # past the restore tolerance 0.008, within the rest
     run = _run(tmp_path, "r", [cand, _pool("ctl-i128-spec", 0.02, radix=False), restored])
     verdict = render_run(run, *calibrated_gate(run, GateThresholds(), tolerance_given=False))
     rows = pd.read_csv(run / "requests.csv")
