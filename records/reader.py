@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from records import layout as L
 from records.columns import FIELDS, from_batch, generic_batch, to_batch
 from records.journal import iter_jsonl
+from records.schema import sweep_point_of
 
 BATCH_ROWS = 512
 
@@ -182,8 +183,8 @@ class RunReader:
                         turn = row["turn"] if isinstance(row["turn"], int) else None
                         rt = RecordedTurn(row["key"], turn, row["input_hash"], row["error"] is not None)
                         candidates[row["key"]] = rt
-                        head = row["key"].split("/", 1)[0]  # `<pool>-<point>`: open-loop points have no concurrency
-                        where = (row["pool"], head, row["session_id"])
+                        # `<pool>-<point>` from the key: open-loop points have no concurrency
+                        where = (row["pool"], sweep_point_of(row["key"], row["concurrency"]), row["session_id"])
                         if turn is not None and (where not in last or (last[where].turn or 0) < turn):
                             last[where] = rt
         return ResumeIndex(frozenset(k for k in seen if isinstance(k, str)), candidates, frozenset(refs), last)

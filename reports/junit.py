@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from records.schema import point_label
 from reports.escape import xml_safe
 from reports.results import case_text, value_or_none
 
@@ -14,9 +15,9 @@ from reports.results import case_text, value_or_none
 def sweep_point(pool, concurrency, key=None) -> str:
     """The JUnit classname of a sweep point, e.g. `i256.c4`, or `i256.r2.5` for an open-loop one (from the
     record's key: open-loop points have no concurrency)."""
-    head = key.split("/", 1)[0] if isinstance(key, str) and "/" in key else ""
-    if head.startswith(f"{pool}-"):
-        return xml_safe(f"{pool}.{head[len(str(pool)) + 1:]}")
+    label = point_label({"key": key, "pool": pool})
+    if label:
+        return xml_safe(f"{pool}.{label}")
     conc = value_or_none(concurrency)
     return xml_safe(f"{pool}.c{conc}" if conc is not None else str(pool))
 
