@@ -4,10 +4,10 @@
     python benchmarks/scale_parity.py RUN_DIR --before /tmp/before [--work /tmp/parity]
 
 Makes three copies of RUN_DIR under --work: `before` (its records as journals, rendered by the code in
---before with `python -m reports.render`), `after` (its records compacted into parts, rendered by this code),
-`streamed` (the tables and junit.xml written from reports/analyze_run.py's frame, read from `after`'s
-parts). Prints both verdicts and, per output file, whether it is byte-identical to `before`'s; exits 1 if
-any differs.
+--before with `python -m reports.render`), `after` (its records compacted into parts, rendered by this code:
+the streamed render, reports/analyze_run.py), `journals` (the journals again, rendered by this code: an old
+run directory). Prints the verdicts and, per output file, whether it is byte-identical to `before`'s; exits 1
+if any differs.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OUTPUTS = ["requests.csv", "boundaries.csv", "configs.csv", "coverage.csv", "tree_shapes.csv", "summary.md",
-           "junit.xml"]
+           "junit.xml", "report.html"]
 
 
 def _copy(run_dir: Path, out: Path) -> None:
@@ -42,19 +42,6 @@ def _render(run_dir: Path, code: Path | None) -> str:
     return p.stdout.splitlines()[0]
 
 
-def streamed(run_dir: Path, out: Path) -> None:
-    """The tables and junit.xml from analyze_run's frame (tree shapes from load_run's records)."""
-    from records.jsonl import load_run
-    from reports.analyze_run import analyze_run
-    from reports.junit import write_junit
-    from reports.tables import write_tables
-
-    out.mkdir(parents=True, exist_ok=True)
-    got = analyze_run(run_dir)
-    write_tables(got.df, out, got.stats, load_run(run_dir).candidates)
-    write_junit(got.df, out / "junit.xml", run_id=got.candidates[0].get("run_id") or run_dir.name)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
@@ -64,19 +51,19 @@ def main() -> int:
     from benchmarks.scale_children import jsonl_copy
     from records.compact import compact_run
 
-    before, after, stream = (args.work / n for n in ("before", "after", "streamed"))
+    before, after, journals = (args.work / n for n in ("before", "after", "journals"))
     jsonl_copy(args.run_dir, before)
+    jsonl_copy(args.run_dir, journals)
     _copy(args.run_dir, after)
     compact_run(after)
-    print(f"before: {_render(before, args.before.resolve())}\nafter:  {_render(after, None)}")
-    shutil.rmtree(stream, ignore_errors=True)
-    streamed(after, stream)
+    print(f"before:   {_render(before, args.before.resolve())}\nafter:    {_render(after, None)}\n"
+          f"journals: {_render(journals, None)}")
     bad = 0
     for name in OUTPUTS:
         if not (before / name).exists():
             print(f"{name}: not written by the earlier code")
             continue
-        for label, d in (("after", after), ("streamed", stream)):
+        for label, d in (("after", after), ("journals", journals)):
             if (d / name).exists():
                 same = (d / name).read_bytes() == (before / name).read_bytes()
                 bad += not same

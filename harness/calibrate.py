@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING
 from records.jsonl import load_run
 from records.rundir import load_config, write_json
 from reports.analyze import analyze
-from reports.controls import BASELINE_POOL, controls_of, first_token_drift, is_control
+from reports.controls import BASELINE_POOL, controls_of, is_control
 from reports.envelope import DRIFT_FLOOR, ENVELOPE_FACTOR, LADDER, Envelope, ladder_sums
+from reports.facts import first_token_drift
 from reports.gate import GateThresholds
 from reports.oracle import compared_drifts
 

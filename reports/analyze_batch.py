@@ -20,7 +20,8 @@ from reports.analyze import (
     row_of,
     verify_crossings,
 )
-from reports.analyze_trace import crossings_of
+from reports.analyze_trace import accepted_of, crossings_of
+from reports.facts import TokenFacts, accepted_tokens, first_token_drift
 from reports.oracle_vec import Side, _list, classify_batch
 
 TOKENS = ["role", "input_hash", "input_ids", "output_ids", "output_logprobs", TOP_LOGPROBS, TOP_IDS, "spec_trace",
@@ -82,8 +83,9 @@ def _parsed(table) -> tuple[list[dict], list[set]]:
     return extras, absents
 
 
-def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input) -> None:
-    """Append the frame rows of candidate rows `tb` (global rows `ks`, scalars in index.cands) to `cols`."""
+def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input, facts, spill) -> None:
+    """Append the frame rows of candidate rows `tb` (global rows `ks`, scalars in index.cands) to `cols`, their
+    TokenFacts to `facts` (reports/facts.py) and their input and output ids to `spill` (tree shapes)."""
     recs = [index.cands[k] for k in ks]
     n = len(recs)
     extras, absents = _parsed(tb)
@@ -107,11 +109,13 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
                              [e for _, _, e in limits])
     intervals = [record_interval(r) for r in recs]
     reported = crossings_of(tb.column("spec_trace"), intervals)
+    _facts(tb, recs, cand, rside, has_ref, cand.irregular | rside.irregular, extras, fallback, facts)
     inputs = _inputs(tb, ks, recs, extras, absents, index, store, prompts)
     for i, k in enumerate(ks):
         rec, ids = recs[i], inputs.get(i)
         out_ids = extras[i]["output_ids"] if "output_ids" in extras[i] else \
             cand.ids[cand.ids_start[i]:cand.ids_start[i] + cand.ids_len[i]]
+        spill.add(k, ids, out_ids)
         output_len = len(out_ids or []) if not isinstance(out_ids, np.ndarray) else len(out_ids)
         input_len = int(rec.get("input_len") or (len(ids) if ids is not None else 0))
         if k in index.in_len or k in index.seq_lens:
@@ -143,10 +147,36 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
             cols[c].append(row[c])
 
 
+def _facts(tb, recs, cand, rside, has_ref, irregular, extras, fallback, facts: TokenFacts) -> None:
+    """The batch's TokenFacts: first-token drift from the flat arrays (rows the array path cannot read exactly,
+    from their record dicts), accepted draft tokens from spec_trace (reports/analyze_trace.py)."""
+    n = len(recs)
+    odd = irregular | np.array([bool(set(e) & {*_TOKEN_FIELDS, "spec_trace"}) for e in extras], dtype=bool)
+    ok = ~odd & has_ref & (cand.ids_len > 0) & (cand.lp_len > 0) & (rside.ids_len > 0) & (rside.lp_len > 0)
+    if ok.any():
+        c_id, r_id = cand.ids[np.where(ok, cand.ids_start, 0)], rside.ids[np.where(ok, rside.ids_start, 0)]
+        c_lp, r_lp = cand.lp[np.where(ok, cand.lp_start, 0)], rside.lp[np.where(ok, rside.lp_start, 0)]
+        ok &= (c_id == r_id) & ~np.isnan(c_lp) & ~np.isnan(r_lp)
+        drift = np.abs(c_lp - r_lp)
+        for i in np.flatnonzero(ok).tolist():
+            facts.first_drift[recs[i]["key"]] = float(drift[i])
+    accepted = accepted_of(tb.column("spec_trace"))
+    for i in range(n):
+        key = recs[i]["key"]
+        if odd[i]:
+            c, r = fallback(i)
+            d = first_token_drift(c, r)
+            if d is not None:
+                facts.first_drift[key] = d
+            if "spec_trace" in extras[i]:
+                accepted[i] = accepted_tokens(extras[i]["spec_trace"])
+        facts.accepted[key] = accepted[i]
+
+
 def _inputs(tb, ks, recs, extras, absents, index, store, prompts) -> dict[int, object]:
-    """Input ids (numpy, or the record's own value) of the batch rows that need them: rows whose prefixes the
-    links compare, rows without an input_len."""
-    need = [i for i, k in enumerate(ks) if k in index.in_len or k in index.seq_lens or not recs[i].get("input_len")]
+    """Input ids (numpy, or the record's own value) of every batch row: the restore links compare prefixes of
+    them, tree shapes walk them."""
+    need = list(range(len(ks)))
     if not need:
         return {}
     start, length, values = _list(tb.column("input_ids"))

@@ -8,14 +8,18 @@ holding any record's token lists beyond one batch:
 2. a token pass reads the candidates' token columns a row group at a time, takes their references' rows (a
    byte-bounded cache of row groups), classifies the batch with reports/oracle_vec.py, computes verify
    crossings from `spec_trace` in numpy, and digests the prefixes the links compare;
-3. the links (analyze.link_restored_checkpoints) compare digests instead of id lists.
+3. the links (analyze.link_restored_checkpoints) compare digests instead of id lists;
+4. the tree shapes (reports/tree_shapes.py) walk each sweep point's ids, spilled to a temporary file in the token
+   pass and read back one point at a time.
 
-What it holds: one scalar dict per candidate, the frame, digests, and at most `budget` bytes of row groups.
+The token pass also gathers the verdict's TokenFacts (reports/facts.py). What it holds: one scalar dict per
+candidate, the frame, digests, the facts, at most `budget` bytes of row groups, and one sweep point's ids.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +33,9 @@ from records.lookup import RowStore
 from records.reader import RunReader
 from reports.analyze import REQUEST_COLUMNS, frame
 from reports.analyze_batch import ORACLE_FIELDS, TOKENS, batch_rows
+from reports.facts import TokenFacts
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
+from reports.tree_shapes import request_shapes
 
 SCALARS = ["key", "run_id", "role", "pool", "engine", "interval", "concurrency", "replica_id", "node_id", "suite",
            "case", "case_id", "session_id", "turn", "input_hash", "input_len", "cached_tokens", "completion_tokens",
@@ -48,6 +54,8 @@ class AnalyzedRun:
     corrupt: list[str] = field(default_factory=list)
     duplicates: int = 0
     references: int = 0  # distinct reference input hashes
+    facts: TokenFacts = field(default_factory=TokenFacts)  # per candidate: first-token drift, accepted drafts
+    shapes: object = None  # pandas DataFrame: reports.tree_shapes.request_shapes of the candidates
 
 
 _PARSED: dict[str, object] = {}  # JSON text -> its value: engine settings and case metadata repeat
@@ -64,7 +72,8 @@ def _json(text: str):
 
 
 def _scalars(data: dict[str, list], i: int) -> dict:
-    """Row i's fields as the record dict has them (JSON fields parsed, `_extra` put back, absent ones left out)."""
+    """Row i's fields as the record dict has them (JSON fields parsed, `_extra` put back, absent ones left out),
+    but for its token lists."""
     rec = {}
     extra = json.loads(data["_extra"][i]) if data["_extra"][i] is not None else {}
     absent = set(data["_absent"][i] or ())
@@ -77,8 +86,49 @@ def _scalars(data: dict[str, list], i: int) -> dict:
             rec[name] = _json(col[i])
         else:
             rec[name] = col[i]
-    rec["_extra_keys"] = frozenset(extra) & (ORACLE_FIELDS | {"input_ids", "spec_trace"})
+    tokens = ORACLE_FIELDS | {"input_ids", "spec_trace"}
+    for name, value in extra.items():  # fields with no column of their own (ttst, t_planned, ...)
+        if name not in data and name not in tokens:
+            rec[name] = value
+    rec["_extra_keys"] = frozenset(extra) & tokens
     return rec
+
+
+class _Spill:
+    """Each candidate row's input ids and input + output ids, written to a temporary file in the token pass and
+    read back one sweep point at a time for the tree shapes (reports/tree_shapes.py)."""
+
+    _I32 = np.iinfo(np.int32)
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile(prefix="specgate-ids-")
+        self.at: dict[int, tuple[int, int, int, np.dtype]] = {}  # row -> (offset, input length, length, dtype)
+        self.size = 0
+
+    def add(self, k: int, ids, out_ids) -> None:
+        seq = np.concatenate([np.asarray(ids if ids is not None else [], np.int64),
+                              np.asarray(out_ids if out_ids is not None else [], np.int64)])
+        n_in = 0 if ids is None else len(ids)
+        if not len(seq) or (seq.min() >= self._I32.min and seq.max() <= self._I32.max):
+            seq = seq.astype(np.int32)
+        data = seq.tobytes()
+        self.file.seek(self.size)
+        self.file.write(data)
+        self.at[k] = (self.size, n_in, len(seq), seq.dtype)
+        self.size += len(data)
+
+    def load(self, rows: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per row: (input ids, input + output ids), views of one array read back."""
+        out = []
+        for k in rows:
+            offset, n_in, n, dtype = self.at[k]
+            self.file.seek(offset)
+            seq = np.frombuffer(self.file.read(n * dtype.itemsize), dtype=dtype)
+            out.append((seq[:n_in], seq))
+        return out
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class _Index:
@@ -122,12 +172,14 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
     per_pool = per_pool or {}
     reader = RunReader(run_dir)
     store = RowStore(reader, budget)
+    spill = _Spill()
     try:
         index = _Index(reader, store)
         prompts = store.prompt_index()
         cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
         digests: dict[tuple[int, int], bytes] = {}  # (row, length) -> digest of input[:length] (length < 0)
         has_input: dict[int, bool] = {}
+        facts = TokenFacts()
         k = 0
         seen: set = set()
         quiet = RunReader(run_dir)  # the token pass reads again: its warnings are the index pass's
@@ -145,7 +197,8 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                 tb = batch.filter(pa.array(mine))
                 ks = list(range(k, k + tb.num_rows))
                 k += tb.num_rows
-                batch_rows(tb, ks, index, store, prompts, per_pool, (threshold, tolerance), cols, digests, has_input)
+                batch_rows(tb, ks, index, store, prompts, per_pool, (threshold, tolerance), cols, digests, has_input,
+                           facts, spill)
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
 
@@ -155,9 +208,14 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
             return digests[(i, -length)] == digests[(j, length)]
 
         df = frame(cols, on_path)
+        cols.clear()
+        digests.clear()
+        row_of_rec = {id(c): k for k, c in enumerate(index.cands)}
+        shapes = request_shapes(index.cands, lambda recs: spill.load([row_of_rec[id(r)] for r in recs]))
         for c in index.cands:
             c.pop("_extra_keys", None)
         return AnalyzedRun(df, index.cands, stats, reader.truncated, reader.corrupt,
-                           reader.duplicates, len(index.refs))
+                           reader.duplicates, len(index.refs), facts, shapes)
     finally:
         store.close()
+        spill.close()

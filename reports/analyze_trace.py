@@ -3,7 +3,7 @@
 `crossings_of` gives, per row, what `reports.analyze.verify_crossings(trace, interval)` gives for the row's
 trace (as crossing dicts): only the verify steps that cross a boundary become Python objects. A row whose
 trace has a step with fewer than two values or a null length is left to verify_crossings (as the record path
-would read it).
+would read it). `accepted_of` gives, per row, the draft tokens its trace accepted (reports/facts.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reports.analyze import crossing_dict, verify_crossings
+from reports.facts import accepted_tokens
 from reports.oracle_vec import _list
 
 
@@ -62,4 +63,33 @@ def crossings_of(trace: pa.Array, intervals: list[int | None]) -> list[list[dict
     for r in odd_rows:
         if out[r] is not None and intervals[r]:
             out[r] = [crossing_dict(x) for x in verify_crossings(trace[r].as_py(), intervals[r])]  # raises as it
+    return out
+
+
+def accepted_of(trace: pa.Array) -> list[int | None]:
+    """Per row: the draft tokens its verify steps accepted (reports.facts.accepted_tokens of its trace), None
+    where its trace is null. Rows with a step of fewer than two values or a null commit length are left to
+    accepted_tokens (which raises as the record path would)."""
+    if isinstance(trace, pa.ChunkedArray):
+        trace = trace.combine_chunks()
+    n = len(trace)
+    if n == 0:
+        return []
+    s_start, s_len, steps = _list(trace)
+    v_start, v_len, values = _list(steps)
+    vals = (pc.fill_null(values, 0) if values.null_count else values).to_numpy(zero_copy_only=False)
+    vals = vals.astype(np.int64)
+    nulls = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else np.zeros(len(vals), bool)
+    rows = np.repeat(np.arange(n), s_len)
+    step_ix = np.repeat(s_start, s_len) + (np.arange(len(rows)) - np.repeat(np.cumsum(s_len) - s_len, s_len))
+    start, length = v_start[step_ix], v_len[step_ix]
+    odd = length < 2
+    odd[~odd] |= nulls[start[~odd] + 1]
+    commit = np.where(odd, 1, vals[np.where(odd, 0, start + 1)])
+    total = np.zeros(n, dtype=np.int64)
+    np.add.at(total, rows, np.maximum(commit - 1, 0))
+    valid = trace.is_valid().to_numpy(zero_copy_only=False)
+    out: list[int | None] = [int(t) if v else None for t, v in zip(total.tolist(), valid.tolist(), strict=True)]
+    for r in set(rows[odd].tolist()):
+        out[r] = accepted_tokens(trace[r].as_py())
     return out

@@ -18,6 +18,8 @@ are not counted as drift; the verdict reports them, with the evidence, as not ju
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pandas as pd
 
 BASELINE_POOL = "baseline"
@@ -81,32 +83,17 @@ def path_numerics_lines(df: pd.DataFrame, mask: pd.Series, tolerances: dict[str,
     return out
 
 
-def first_token_drift(cand: dict, ref: dict | None) -> float | None:
-    """|candidate - reference| log-prob of the first output token, where both chose the same token (None else).
-    A restored turn's first token comes from the prefill after its checkpoint: with a wrong state it moves from
-    there, while the path numerics of a split prefill move it very little (bf16: <= 0.006 on the trained model,
-    where whole turns drift by 0.17 through verify numerics)."""
-    if ref is None:
-        return None
-    c, r = cand.get("output_logprobs") or [], ref.get("output_logprobs") or []
-    ids_c, ids_r = cand.get("output_ids") or [], ref.get("output_ids") or []
-    if not c or not r or not ids_c or not ids_r or ids_c[0] != ids_r[0] or c[0] is None or r[0] is None:
-        return None
-    return abs(float(c[0]) - float(r[0]))
-
-
-def restore_onsets(df: pd.DataFrame, records: dict[str, dict], references: dict[str, dict],
-                   tolerances: dict[str, float]) -> pd.Series:
+def restore_onsets(df: pd.DataFrame, first_drift: Mapping[str, float], tolerances: dict[str, float]) -> pd.Series:
     """Restored rows judged exact whose first output token moved past their pool's restore tolerance (the
     calibration's: 4 x the largest first-token drift of the controls' restored turns): the restore's own effect,
-    hidden in a whole-turn tolerance sized for verify numerics. A boolean Series on df's index."""
+    hidden in a whole-turn tolerance sized for verify numerics. `first_drift`: key -> the first output token's
+    drift (reports/facts.py). A boolean Series on df's index."""
     if not len(df) or not tolerances:
         return pd.Series(False, index=df.index)
     out = []
     for row in df[["key", "pool", "class", "restored"]].to_dict("records"):
         tol = tolerances.get(str(row["pool"]))
-        rec = records.get(row["key"]) or {}
-        d = first_token_drift(rec, references.get(str(rec.get("input_hash")))) if row["restored"] else None
+        d = first_drift.get(row["key"]) if row["restored"] else None
         out.append(bool(tol is not None and row["class"] == "exact" and d is not None and d > tol))
     return pd.Series(out, index=df.index)
 
@@ -114,11 +101,11 @@ def restore_onsets(df: pd.DataFrame, records: dict[str, dict], references: dict[
 RESTORE_ONSET_DETAIL = "first output token moved at the restore"
 
 
-def with_restore_onsets(df: pd.DataFrame, records: dict[str, dict], references: dict[str, dict],
-                        tolerances: dict[str, float]) -> pd.DataFrame:
+def with_restore_onsets(df: pd.DataFrame, first_drift: Mapping[str, float], tolerances: dict[str, float]
+                        ) -> pd.DataFrame:
     """`df` with its restore-onset rows (restore_onsets) as drift, detail RESTORE_ONSET_DETAIL: the restore moved
     the first token, whatever the turn's tolerance. Idempotent (those rows are no longer `exact`)."""
-    onset = restore_onsets(df, records, references, tolerances)
+    onset = restore_onsets(df, first_drift, tolerances)
     if not onset.any():
         return df
     return df.assign(**{"class": df["class"].where(~onset, "drift"),

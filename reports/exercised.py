@@ -12,11 +12,13 @@ Each finding says what was not exercised and what to change. Calibration control
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pandas as pd
 
 from reports.coverage import cell_hits, cells
+from reports.facts import TokenFacts
 
 CACHING = ("full", "cache_only")
 SPECULATIVE = ("full", "spec_only")
@@ -47,7 +49,8 @@ def _accepted(g: pd.DataFrame) -> int | None:
     return int(extra.clip(lower=0).sum())
 
 
-def _pool_findings(pool: str, g: pd.DataFrame, records: dict[str, dict], min_coverage: float) -> list[Unexercised]:
+def _pool_findings(pool: str, g: pd.DataFrame, accepted_by_key: Mapping[str, int | None], min_coverage: float
+                   ) -> list[Unexercised]:
     answered = g[g["class"] != "error"]
     if not len(answered):
         return []  # a pool that answered nothing is the errors' business (the gate fails it)
@@ -60,9 +63,9 @@ def _pool_findings(pool: str, g: pd.DataFrame, records: dict[str, dict], min_cov
                                "--max-state-slots) and use a suite with multi-turn sessions (--suite frozen)"))
     if variant not in SPECULATIVE:
         return out
-    traces = [records.get(k, {}).get("spec_trace") for k in answered["key"]]
-    if any(t is not None for t in traces):
-        accepted = sum(max(0, int(e[1]) - 1) for t in traces if t for e in t)
+    counts = [accepted_by_key.get(k) for k in answered["key"]]
+    if any(n is not None for n in counts):
+        accepted = sum(n for n in counts if n is not None)
     else:
         accepted = _accepted(answered)
     if accepted == 0:
@@ -98,9 +101,10 @@ def _coverage_findings(pool: str, answered: pd.DataFrame, min_coverage: float) -
                         "scripted drafter that walks every cell), or lower --min-coverage")]
 
 
-def unexercised(df: pd.DataFrame, records: dict[str, dict], min_coverage: float) -> list[Unexercised]:
-    """What the candidate pools of a requests frame did not exercise (empty: everything the gate checks)."""
+def unexercised(df: pd.DataFrame, facts: TokenFacts, min_coverage: float) -> list[Unexercised]:
+    """What the candidate pools of a requests frame did not exercise (empty: everything the gate checks); the draft
+    tokens accepted come from `facts` (reports/facts.py: from spec_trace, None where a record has none)."""
     out = []
     for pool, g in df.groupby("pool", sort=True):
-        out += _pool_findings(str(pool), g, records, min_coverage)
+        out += _pool_findings(str(pool), g, facts.accepted, min_coverage)
     return out

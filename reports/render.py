@@ -18,15 +18,17 @@ from pathlib import Path
 import pandas as pd
 
 from records.incidents import load_incidents
-from records.jsonl import RunRecords, load_run
+from records.reader import RunReader
 from records.rundir import load_config
-from reports.analyze import analyze
+from reports.analyze_run import AnalyzedRun, analyze_run
 from reports.controls import is_control, path_numerics, path_numerics_lines, with_restore_onsets
 from reports.diagnosis import diagnose, noise_floor
 from reports.envelope import Envelope
 from reports.exercised import unexercised
+from reports.facts import TokenFacts
 from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
+from reports.html_cases import worst_cases
 from reports.junit import write_junit
 from reports.plots import write_plots
 from reports.results import RunResults
@@ -38,7 +40,7 @@ class NoRecordsError(RuntimeError):
     """The run directory holds no candidate records: there is nothing to judge."""
 
 
-def _warnings(run: RunRecords, df) -> list[str]:
+def _warnings(run: AnalyzedRun, df) -> list[str]:
     """What the reader must know about the records themselves."""
     warnings = []
     if run.truncated:
@@ -69,12 +71,13 @@ def _restore_tolerances(config: dict) -> dict[str, float]:
     return {p: float(c["restore_tolerance"]) for p, c in pools.items() if c.get("restore_tolerance") is not None}
 
 
-def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: bool,
-          per_pool: dict[str, tuple] | None, references: dict[str, dict] | None = None,
-          restore_tolerances: dict[str, float] | None = None) -> tuple[Verdict, list[str], pd.DataFrame]:
+def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
+          per_pool: dict[str, tuple] | None, restore_tolerances: dict[str, float] | None = None
+          ) -> tuple[Verdict, list[str], pd.DataFrame]:
     """The verdict on the gated pools of a requests frame (calibration controls are not gated), the path-numerics
     lines (reports/controls.py; in a calibrated run only: the fp32 built-in engine is exact), and the frame as
-    judged (path-numerics rows of gated pools have class `path_numerics`; controls as analyzed)."""
+    judged (path-numerics rows of gated pools have class `path_numerics`; controls as analyzed). `facts`: what
+    the checks past the oracle read from the token lists (reports/facts.py)."""
     control = df["pool"].map(is_control).astype(bool) if len(df) else pd.Series([], dtype=bool)
     gated = df[~control]
     mask = path_numerics(gated) if calibrated else pd.Series(False, index=gated.index)
@@ -83,10 +86,22 @@ def judge(df, records: dict[str, dict], thresholds: GateThresholds, calibrated: 
         lines = path_numerics_lines(gated, mask, {p: limits[1] for p, limits in (per_pool or {}).items()})
         gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
     if calibrated:  # the restore moved the first token: drift, whatever the turn's tolerance
-        gated = with_restore_onsets(gated, records, references or {}, restore_tolerances or {})
-    found = unexercised(gated, records, thresholds.min_coverage)
+        gated = with_restore_onsets(gated, facts.first_drift, restore_tolerances or {})
+    found = unexercised(gated, facts, thresholds.min_coverage)
     verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()))
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
+
+
+def _case_records(run_dir: Path, df: pd.DataFrame, scalars: dict[str, dict]) -> tuple[dict, dict]:
+    """The records the report shows whole: its worst cases' candidates (the other candidates by their scalar
+    fields) and their references, read back from the run directory (records/reader.py `find`)."""
+    cases = worst_cases(df) if len(df) else df
+    if not len(cases):
+        return scalars, {}
+    reader = RunReader(run_dir)
+    whole = reader.find("key", cases["key"].astype(str), "candidate")
+    references = reader.find("input_hash", cases["input_hash"].astype(str), "reference")
+    return {**scalars, **whole}, references
 
 
 def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
@@ -94,32 +109,33 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     """Write requests/boundaries/configs.csv, plots/*.png, report.html, summary.md and junit.xml; return the verdict.
 
     Thresholds default to config.json's (top-level keys, then its `gate` object), then to GateThresholds();
-    `per_pool` (a pool's own margin threshold and drift tolerance) to config.json's calibration.
+    `per_pool` (a pool's own margin threshold and drift tolerance) to config.json's calibration. The records are
+    streamed (reports/analyze_run.py): what is held is the requests frame, each candidate's scalar fields and the
+    worst cases' records, never the token lists of the whole run.
     """
     run_dir = Path(run_dir)
     config = load_config(run_dir)
-    run = load_run(run_dir)
-    if not run.candidates:
-        raise NoRecordsError(f"{run_dir} has no candidate records (looked in {run_dir / 'records'}/*.jsonl)")
     if thresholds is None:
         thresholds = GateThresholds.from_config(config)
+    calibrated = bool((config.get("calibration") or {}).get("per_pool") is not None or per_pool)
+    per_pool = per_pool if per_pool is not None else _per_pool(config)
+    run = analyze_run(run_dir, threshold=thresholds.margin_threshold, tolerance=thresholds.drift_tolerance,
+                      per_pool=per_pool)
+    if not run.candidates:
+        raise NoRecordsError(f"{run_dir} has no candidate records (looked in {run_dir / 'records'})")
     config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
     config["incidents"] = load_incidents(run_dir)  # replica failures, shown by reports/incidents.py
 
-    calibrated = bool((config.get("calibration") or {}).get("per_pool") is not None or per_pool)
-    per_pool = per_pool if per_pool is not None else _per_pool(config)
-    df = analyze(run.candidates, run.references, threshold=thresholds.margin_threshold,
-                 tolerance=thresholds.drift_tolerance, per_pool=per_pool)
-    records = {r.get("key"): r for r in run.candidates}
+    df = run.df
     if calibrated:  # before the tables, so that requests.csv and every table count them as the verdict does
-        df = with_restore_onsets(df, records, run.references, _restore_tolerances(config))
-    tables = write_tables(df, run_dir, run.stats, run.candidates)
+        df = with_restore_onsets(df, run.facts.first_drift, _restore_tolerances(config))
+    tables = write_tables(df, run_dir, run.stats, run.candidates, run.shapes)
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
-    verdict, _, judged = judge(df, records, thresholds, calibrated, per_pool, run.references,
-                               _restore_tolerances(config))
+    verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config))
+    records, references = _case_records(run_dir, df, {str(c.get("key")): c for c in run.candidates})
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
-                         verdict=verdict, config=config, records=records, references=run.references,
+                         verdict=verdict, config=config, records=records, references=references,
                          coverage=tables["coverage"], tree_shapes=tables["tree_shapes"],
                          diagnosis=diagnose(judged), floor=floor,
                          warnings=_warnings(run, df) + floor.warnings(calibrated=calibrated))

@@ -190,12 +190,15 @@ def requests_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None = None,
-                 candidates: list[dict] | None = None) -> dict[str, pd.DataFrame]:
-    """Write requests.csv, boundaries.csv, configs.csv, coverage.csv and tree_shapes.csv (from the candidate
-    records' ids: reports/tree_shapes.py; empty without them) into `run_dir`; return the frames. configs.csv
-    takes the run's point records and its config.json's --slo from `run_dir`."""
+                 candidates: list[dict] | None = None, shapes: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """Write requests.csv, boundaries.csv, configs.csv, coverage.csv and tree_shapes.csv (from `shapes`, the
+    per-request tree shapes, else from the candidate records' ids: reports/tree_shapes.py; empty without them)
+    into `run_dir`; return the frames. configs.csv takes the run's point records and its config.json's --slo
+    from `run_dir`."""
     run_dir = Path(run_dir)
-    shapes = shapes_table(request_shapes(candidates), df) if candidates else pd.DataFrame(columns=SHAPE_COLUMNS)
+    if shapes is None and candidates:
+        shapes = request_shapes(candidates)
+    shapes = shapes_table(shapes, df) if shapes is not None else pd.DataFrame(columns=SHAPE_COLUMNS)
     slo = parse_slo((load_config(run_dir).get("run_config") or {}).get("slo"))
     configs = configs_table(df, stats, candidates, point_records(run_dir), slo)
     tables = {"requests": requests_table(df), "boundaries": boundaries_table(df),

@@ -25,8 +25,9 @@ or less than a page past d, counts here although the tree could not have matched
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 
 from records.schema import sweep_point_of
@@ -36,43 +37,53 @@ SHAPES = ("checkpoint", "split", "deeper", "sibling")  # the first three partiti
 SHAPE_COLUMNS = ["interval", "shape", "requests", "flagged", "designed", "designed_reached", "by_concurrency"]
 
 
-@dataclass(eq=False)
 class _Node:
-    edge: list[int] = field(default_factory=list)  # tokens on the edge into this node
-    children: dict[int, _Node] = field(default_factory=dict)  # first token of a child's edge -> child
+    __slots__ = ("children", "edge")
+
+    def __init__(self, edge: np.ndarray, children: dict[int, _Node] | None = None) -> None:
+        self.edge = edge  # tokens on the edge into this node (a view of an inserted sequence)
+        self.children = children if children is not None else {}  # first token of a child's edge -> child
+
+
+def _ids(seq) -> np.ndarray:
+    return seq if isinstance(seq, np.ndarray) else np.asarray(list(seq), dtype=np.int64)
 
 
 class TokenTrie:
-    """A compressed trie of token sequences: where a query leaves them, and where they part from each other."""
+    """A compressed trie of token sequences: where a query leaves them, and where they part from each other.
+    Edges are views of the inserted arrays (token ids as numpy arrays; lists are converted)."""
 
     def __init__(self) -> None:
-        self.root = _Node()
+        self.root = _Node(np.zeros(0, dtype=np.int64))
 
-    def insert(self, seq: list[int]) -> None:
+    def insert(self, seq) -> None:
         """Add a sequence (splitting the edge where it leaves an existing one)."""
+        seq = _ids(seq)
         node, pos = self.root, 0
         while pos < len(seq):
-            child = node.children.get(seq[pos])
+            first = int(seq[pos])
+            child = node.children.get(first)
             if child is None:
-                node.children[seq[pos]] = _Node(list(seq[pos:]))
+                node.children[first] = _Node(seq[pos:])
                 return
             m = _common(child.edge, seq, pos)
             if m < len(child.edge):  # split: the upper part keeps the shared tokens
-                upper = _Node(child.edge[:m], {child.edge[m]: child})
+                upper = _Node(child.edge[:m], {int(child.edge[m]): child})
                 child.edge = child.edge[m:]
-                node.children[seq[pos]] = upper
+                node.children[first] = upper
                 child = upper
             node, pos = child, pos + m
 
-    def walk(self, query: list[int]) -> tuple[int, list[int], bool]:
+    def walk(self, query) -> tuple[int, list[int], bool]:
         """(D, splits, inside): D is the deepest point where `query` leaves an earlier sequence (inside it, or at a
         split where it takes another branch; 0 if none), `splits` the depths of splits on its path up to where it
         stops, `inside` whether it stops inside sequences that go on (False: it continues past a sequence's end)."""
+        query = _ids(query)
         node, pos, splits = self.root, 0, []
         while True:
             if len(node.children) > 1 and pos > 0:
                 splits.append(pos)
-            child = node.children.get(query[pos]) if pos < len(query) else None
+            child = node.children.get(int(query[pos])) if pos < len(query) else None
             if child is None:  # stops at a node: inside the sequences going on from it, or past an end
                 return (pos, splits, True) if node.children else (max(splits, default=0), splits, False)
             m = _common(child.edge, query, pos)
@@ -81,14 +92,14 @@ class TokenTrie:
             node, pos = child, pos + m
 
 
-def _common(edge: list[int], seq: list[int], pos: int, chunk: int = 64) -> int:
-    """Length of the common prefix of `edge` and `seq[pos:]` (whole chunks compared as slices first)."""
-    n, limit = 0, min(len(edge), len(seq) - pos)
-    while n + chunk <= limit and edge[n : n + chunk] == seq[pos + n : pos + n + chunk]:
-        n += chunk
-    while n < limit and edge[n] == seq[pos + n]:
-        n += 1
-    return n
+def _common(edge: np.ndarray, seq: np.ndarray, pos: int) -> int:
+    """Length of the common prefix of `edge` and `seq[pos:]`."""
+    limit = min(len(edge), len(seq) - pos)
+    if limit <= 0:
+        return 0
+    differ = edge[:limit] != seq[pos:pos + limit]
+    first = int(differ.argmax())
+    return first if differ[first] else limit
 
 
 def _shape(d: int, depth: int, splits: list[int], inside: bool) -> str | None:
@@ -107,9 +118,23 @@ def _shape(d: int, depth: int, splits: list[int], inside: bool) -> str | None:
     return "deeper" if depth > d else "checkpoint"
 
 
-def request_shapes(candidates: list[dict]) -> pd.DataFrame:
+Loader = Callable[[list[dict]], list[tuple[np.ndarray, np.ndarray]]]
+
+
+def record_ids(recs: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per record, its input ids and what it left for the cache to hold (input ids, then output ids)."""
+    out = []
+    for r in recs:
+        ids = _ids(r.get("input_ids") or [])
+        out.append((ids, np.concatenate([ids, _ids(r.get("output_ids") or [])])))
+    return out
+
+
+def request_shapes(candidates: list[dict], ids_of: Loader = record_ids) -> pd.DataFrame:
     """One row per answered candidate: key, interval, concurrency, shape (None: restored nothing), sibling,
-    the depth it branches off at, and the shapes its case was designed to reach."""
+    the depth it branches off at, and the shapes its case was designed to reach. `ids_of` gives the token ids
+    of one sweep point's records on one replica at a time (default: the records' own `input_ids` and
+    `output_ids`; reports/analyze_run.py reads them back from where it spilled them)."""
     points: dict[tuple, list[dict]] = defaultdict(list)
     for rec in candidates:
         if rec.get("role", "candidate") == "candidate" and rec.get("t_start") is not None:
@@ -117,13 +142,16 @@ def request_shapes(candidates: list[dict]) -> pd.DataFrame:
                     rec.get("replica_id"))].append(rec)
     rows = []
     for recs in points.values():
-        rows += _point_shapes(recs)
+        rows += _point_shapes(recs, ids_of)
     return pd.DataFrame(rows, columns=["key", "interval", "concurrency", "shape", "sibling", "branch", "designed"])
 
 
-def _point_shapes(recs: list[dict]) -> list[dict]:
+def _point_shapes(recs: list[dict], ids_of: Loader) -> list[dict]:
     """Shapes of one sweep point's requests on one replica, walking them in the order they were sent."""
     ok = [r for r in recs if r.get("error") is None and r.get("e2e") is not None]
+    loaded = ids_of(ok)
+    inputs = {id(r): ids for r, (ids, _) in zip(ok, loaded, strict=True)}
+    seqs = {id(r): seq for r, (_, seq) in zip(ok, loaded, strict=True)}
     ends = sorted(ok, key=lambda r: r["t_start"] + r["e2e"])
     sessions: dict[str, list[dict]] = defaultdict(list)
     for q in ok:
@@ -131,23 +159,18 @@ def _point_shapes(recs: list[dict]) -> list[dict]:
     trie, done, rows = TokenTrie(), 0, []
     for r in sorted(ok, key=lambda r: r["t_start"]):
         while done < len(ends) and ends[done]["t_start"] + ends[done]["e2e"] <= r["t_start"]:
-            trie.insert(_sequence(ends[done]))
+            trie.insert(seqs[id(ends[done])])
             done += 1
-        d, ids = int(r.get("cached_tokens") or 0), list(r.get("input_ids") or [])
+        d, ids = int(r.get("cached_tokens") or 0), inputs[id(r)]
         depth, splits, inside = trie.walk(ids[:-1]) if len(ids) > 1 else (0, [], False)
         own = [q for q in sessions[r.get("session_id")] if q["t_start"] < r["t_start"]]
-        sibling = d > 0 and not any(_sequence(q)[:d] == ids[:d] for q in own)
+        sibling = d > 0 and not any(np.array_equal(seqs[id(q)][:d], ids[:d]) for q in own)
         designed = (r.get("case") or {}).get("tree_shapes") or []
         turn = r.get("turn")
         rows.append({"key": r["key"], "interval": r.get("interval"), "concurrency": r.get("concurrency"),
                      "shape": _shape(d, depth, splits, inside), "sibling": sibling, "branch": depth,
                      "designed": list(designed[turn]) if isinstance(turn, int) and turn < len(designed) else []})
     return rows
-
-
-def _sequence(rec: dict) -> list[int]:
-    """What a request left for the cache to hold: its input ids, then its output ids."""
-    return list(rec.get("input_ids") or []) + list(rec.get("output_ids") or [])
 
 
 def shapes_table(shapes: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:

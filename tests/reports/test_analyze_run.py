@@ -14,6 +14,8 @@ from records.compact import compact_run
 from records.jsonl import load_run
 from reports.analyze import analyze
 from reports.analyze_run import analyze_run
+from reports.facts import TokenFacts
+from reports.tree_shapes import request_shapes
 from tests.reports.factory import candidate, pair, prompt, reference, synthetic_run, write_run
 
 
@@ -28,6 +30,11 @@ def same(run_dir, **kw):
     assert (got.truncated, got.corrupt, got.duplicates) == (run.truncated, run.corrupt, run.duplicates)
     assert got.stats == run.stats
     assert [c["key"] for c in got.candidates] == [c["key"] for c in run.candidates]
+    want_facts = TokenFacts.of({c["key"]: c for c in run.candidates}, run.references)
+    # journals hold log-probs as JSON floats, the streamed path reads them as stored columns (float32)
+    assert got.facts.first_drift == pytest.approx(want_facts.first_drift, rel=1e-5, abs=1e-7)
+    assert got.facts.accepted == want_facts.accepted
+    pd.testing.assert_frame_equal(got.shapes, request_shapes(run.candidates))
     return got
 
 
@@ -41,6 +48,11 @@ def test_synthetic_runs_analyze_the_same_streamed(tmp_path, fault, compacted):
     classes = set(got.df["class"])
     assert ("hard" in classes) == fault and "soft" in classes
     assert got.df["restored_link"].notna().any() and got.df["n_crossings"].sum() > 0
+    restored = set(got.df.loc[got.df["restored"], "key"])
+    first_same = set(got.df.loc[got.df["divergence_pos"].isna() | (got.df["first_divergence"] > 0), "key"])
+    assert restored and restored & first_same <= set(got.facts.first_drift)  # same first token: compared
+    assert sum(n or 0 for n in got.facts.accepted.values()) > 0
+    assert got.shapes["shape"].notna().sum() == len(restored)
 
 
 def test_a_one_byte_cache_and_per_pool_thresholds_change_nothing(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 from reports.analyze import analyze
 from reports.coverage import cells, coverage_summary, coverage_table
 from reports.diagnosis import diagnose, interval_subsystem, noise_floor
+from reports.facts import TokenFacts
 from tests.reports.factory import pair, prompt
 
 SUFFIX = {"full": "", "spec_only": "-spec", "cache_only": "-cache"}
@@ -107,7 +108,7 @@ def test_coverage_counts_crossed_and_restored_cells():
                                       "restored_flagged": 1}]
 
 
-def _vllm_like_run() -> tuple[pd.DataFrame, dict]:
+def _vllm_like_run() -> tuple[pd.DataFrame, TokenFacts]:
     """Records shaped like issue 26's vLLM run (bf16 Qwen3-Next, --calibrate --diagnose): the full pool crashed
     (every request an error), the speculation-only pool (no interval, no restore) drifts from the first output
     token, the cache-only pool's real restores are exact while two prompts one token past a block boundary that
@@ -132,9 +133,9 @@ def _vllm_like_run() -> tuple[pd.DataFrame, dict]:
     for r in cands:
         if r["error"]:
             r["output_ids"], r["output_logprobs"], r["output_top_logprobs"] = [], [], []
-    df = analyze(cands, {r["input_hash"]: r for r in recs if r["role"] == "reference"},
-                 per_pool={p: (0.5, 4e-4) for p in ("vllm", "vllm-spec", "vllm-cache", "baseline")})
-    return df, {r["key"]: r for r in cands}
+    refs = {r["input_hash"]: r for r in recs if r["role"] == "reference"}
+    df = analyze(cands, refs, per_pool={p: (0.5, 4e-4) for p in ("vllm", "vllm-spec", "vllm-cache", "baseline")})
+    return df, TokenFacts.of({r["key"]: r for r in cands}, refs)
 
 
 def test_diagnosis_reads_every_pool_of_a_vllm_shaped_run():

@@ -8,15 +8,16 @@ import pytest
 from reports.analyze import analyze
 from reports.controls import controls_of, is_control, path_numerics
 from reports.exercised import unexercised
+from reports.facts import TokenFacts
 from reports.gate import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_PASS, GateThresholds, evaluate
 from reports.render import judge
 from tests.reports.factory import pair, prompt, spec_trace
 
 
-def _frame(records: list[dict]) -> tuple[pd.DataFrame, dict]:
+def _frame(records: list[dict]) -> tuple[pd.DataFrame, TokenFacts]:
     cands = [r for r in records if r["role"] == "candidate"]
-    df = analyze(cands, {r["input_hash"]: r for r in records if r["role"] == "reference"})
-    return df, {r["key"]: r for r in cands}
+    refs = {r["input_hash"]: r for r in records if r["role"] == "reference"}
+    return analyze(cands, refs), TokenFacts.of({r["key"]: r for r in cands}, refs)
 
 
 def _session(pool: str, s: int, *, radix: bool = True, speculative: bool = True, commits=(3, 2, 4),
@@ -162,9 +163,9 @@ def test_a_restore_that_moves_the_first_token_is_drift_under_a_loose_turn_tolera
     refs = {r["input_hash"]: r for r in recs if r["role"] == "reference"}
     per_pool = {"i128": (0.5, 0.7)}
     df = analyze([r for r in recs if r["role"] == "candidate"], refs, per_pool=per_pool)
-    verdict, _, judged = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, refs, {"i128": 0.015})
+    verdict, _, judged = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, {"i128": 0.015})
     assert list(judged["class"]) == ["exact", "drift"]
     assert judged["detail"].iloc[1] == "first output token moved at the restore"
     assert (verdict.drift, verdict.word) == (1, "FAIL")
-    plain, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, refs, {})
+    plain, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, {})
     assert (plain.drift, plain.reasons) == (0, [])  # without a restore tolerance it passes every threshold

@@ -1,0 +1,56 @@
+"""What the verdict takes from a run's token lists besides the requests frame, one small value per candidate.
+
+The gate's checks past the oracle read two things from the records' token lists: the drift of a restored turn's
+first output token (reports/controls.py, restore onsets) and the draft tokens a pool accepted (reports/
+exercised.py, from `spec_trace`). `TokenFacts` holds those per candidate key, so that a report can be judged
+without holding any record: the streamed analyzer (reports/analyze_run.py) fills it batch by batch, and
+`TokenFacts.of(records, references)` gives the same values from record dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+
+def first_token_drift(cand: dict, ref: dict | None) -> float | None:
+    """|candidate - reference| log-prob of the first output token, where both chose the same token (None else).
+    A restored turn's first token comes from the prefill after its checkpoint: with a wrong state it moves from
+    there, while the path numerics of a split prefill move it very little (bf16: <= 0.006 on the trained model,
+    where whole turns drift by 0.17 through verify numerics)."""
+    if ref is None:
+        return None
+    c, r = cand.get("output_logprobs") or [], ref.get("output_logprobs") or []
+    ids_c, ids_r = cand.get("output_ids") or [], ref.get("output_ids") or []
+    if not c or not r or not ids_c or not ids_r or ids_c[0] != ids_r[0] or c[0] is None or r[0] is None:
+        return None
+    return abs(float(c[0]) - float(r[0]))
+
+
+def accepted_tokens(trace: Iterable | None) -> int | None:
+    """Draft tokens a request's verify steps accepted (each step's commit length past its bonus token); None
+    without a `spec_trace`."""
+    if trace is None:
+        return None
+    return sum(max(0, int(e[1]) - 1) for e in trace) if trace else 0
+
+
+@dataclass
+class TokenFacts:
+    """Per candidate key: its first output token's drift (where first_token_drift has one) and the draft tokens
+    it accepted (None: no spec_trace)."""
+
+    first_drift: dict[str, float] = field(default_factory=dict)
+    accepted: dict[str, int | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, records: Mapping[str, dict], references: Mapping[str, dict] | None = None) -> TokenFacts:
+        """The facts of candidate records (key -> record) and their references (input_hash -> record)."""
+        references = references or {}
+        facts = cls()
+        for key, rec in records.items():
+            d = first_token_drift(rec, references.get(str(rec.get("input_hash"))))
+            if d is not None:
+                facts.first_drift[key] = d
+            facts.accepted[key] = accepted_tokens(rec.get("spec_trace"))
+        return facts
