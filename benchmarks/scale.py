@@ -24,7 +24,7 @@ written through RecordFiles as a run writes them. Per size it prints:
   scan     where records/ has it, every column of every record as Arrow batches (`RunReader.batches`);
   driver   the real harness.driver against a backend that answers at once with the synthesized answers:
            its bookkeeping is the RSS when Driver.run returns (before the records are closed) less the RSS
-           before the run.
+           before the run, each read after a garbage collection and malloc_trim (held_rss).
 Peak RSS is each child's own VmHWM. A size whose figure is predicted (linearly from the smaller sizes) above
 --max-rss-gb / --max-disk-gb / --max-cpu-s / --max-write-s is not run: the prediction is printed, marked
 "(extrapolated)". Each size's directory is deleted after it is measured unless --keep.
@@ -207,9 +207,23 @@ def _driver(n: int, tokens: int, work: Path, sources: list[str]) -> None:
     templates, positions, _ = scale_synth.load_templates([Path(s) for s in sources])
     sessions = [s for _, group in scale_synth.plan(templates, positions, n, tokens) for s in group]
     with tempfile.TemporaryDirectory(dir=work) as tmp:
-        baseline = proc_status("VmRSS")
-        done = asyncio.run(run_driver(sessions, Path(tmp), lambda: proc_status("VmRSS")))
+        baseline = held_rss()
+        done = asyncio.run(run_driver(sessions, Path(tmp), held_rss))
     print(json.dumps({"baseline": baseline, "done": done}))
+
+
+def held_rss() -> int:
+    """VmRSS after a garbage collection and malloc_trim: what is held, not what the allocator kept of freed
+    memory (the answers of requests in flight come and go)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return proc_status("VmRSS")
 
 
 def proc_status(field: str) -> int:

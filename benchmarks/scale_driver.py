@@ -13,9 +13,9 @@ from harness.backends import Backend
 from harness.backends.sse import sse_data
 from harness.config import RunConfig
 from harness.driver import Driver
-from harness.plan import candidate_engine, reference_engine
 from harness.pools import Pool, Replica
 from harness.progress import Progress
+from harness.targets.builtin import candidate_engine, reference_engine
 from records.jsonl import RecordFiles
 from records.rundir import input_hash
 

@@ -47,7 +47,7 @@ class SynthTurn:
 
 
 def load_templates(sources: list[Path]) -> tuple[list[Template], list[tuple], dict]:
-    """The sources' sessions (complete ones only), the reference positions extensions draw from, and the
+    """The sources' sessions (complete and linear ones only), the reference positions extensions draw from, and the
     first source's config.json."""
     templates, positions = [], []
     for s, src in enumerate(sources):
@@ -60,13 +60,19 @@ def load_templates(sources: list[Path]) -> tuple[list[Template], list[tuple], di
             sessions.setdefault((cand["pool"], cand["concurrency"], cand["session_id"]), {})[cand["turn"]] = (cand,
                                                                                                            ref)
         for (pool, _, _), turns in sorted(sessions.items()):
-            if sorted(turns) == list(range(len(turns))):
+            if sorted(turns) == list(range(len(turns))) and _linear([turns[n][0] for n in range(len(turns))]):
                 templates.append(Template(s, pool, tuple(turns[n] for n in range(len(turns)))))
         for ref in run.references.values():
             positions += zip(ref["output_ids"], ref["output_logprobs"], ref["output_top_logprobs"], strict=True)
     if not templates:
         raise SystemExit(f"no complete sessions in {', '.join(map(str, sources))}")
     return templates, positions, load_config(sources[0])
+
+
+def _linear(turns: list[dict]) -> bool:
+    """Each turn's input continues the previous turn's input and output (tree-group sessions branch: skipped)."""
+    return all(cur["input_ids"][:len(prev["input_ids"]) + len(prev["output_ids"])] == prev["input_ids"]
+               + prev["output_ids"] for prev, cur in zip(turns, turns[1:], strict=False))
 
 
 class SynthSession:

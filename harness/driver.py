@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
 
 import aiohttp
@@ -26,15 +26,10 @@ from harness.driver_point import Point, PointCounts, StopRule, point_record, swe
 from harness.driver_warmup import recorded_keys, run_warmup
 from harness.pools import HarnessError, Pool, Replica
 from harness.progress import Progress
+from harness.refstore import Recorded, RefDone, as_recorded, as_ref_done, continued, records_io
 from records.jsonl import RecordFiles
 from records.rundir import REFERENCE_FILE, candidate_file, input_hash
 from records.schema import POINTS_FILE, STATS_FILE, Generation, build_record, point_key, point_record_key, reference_key
-
-
-def differs(candidate: dict, reference: dict) -> bool:
-    """The live mismatch test: both answered and the output ids differ (the analyzer classifies later)."""
-    return (candidate["error"] is None and reference["error"] is None
-            and candidate["output_ids"] != reference["output_ids"])
 
 
 class Driver:
@@ -42,7 +37,9 @@ class Driver:
 
     def __init__(self, *, run_id: str, concurrency: tuple[int, ...], candidates: list[Pool], reference: Pool,
                  files: RecordFiles, http: aiohttp.ClientSession, progress: Progress,
-                 existing: dict[str, dict] | None = None, existing_refs: dict[str, dict] | None = None,
+                 existing: Mapping[str, dict | Recorded] | None = None,
+                 existing_refs: Mapping[str, dict | RefDone] | None = None,
+                 turn_io: Callable[[Iterable[str]], dict] | None = None,
                  request_timeout: float = 600.0, max_retries: int = 3, reference_concurrency: int = 8,
                  sequential_pools: bool = False, api_key: str | None = None,
                  tokenizers: dict[str, str] | None = None, decode: Callable[[list[int]], str] | None = None,
@@ -52,8 +49,12 @@ class Driver:
         self.seed, self.warmup, self.duration, self.max_error_rate = seed, warmup, duration, max_error_rate
         self.candidates, self.reference = candidates, reference
         self.files, self.http, self.progress = files, http, progress
-        self.existing = dict(existing or {})
-        self.existing_refs = dict(existing_refs or {})
+        # what earlier processes recorded, as summaries (harness/refstore.py: no record is held for the run);
+        # `turn_io` reads back the ids of the recorded turns a resumed session or a missing reference needs
+        self.existing = {k: as_recorded(r) for k, r in (existing or {}).items()}
+        self.existing_refs = {h: as_ref_done(r) for h, r in (existing_refs or {}).items()}
+        self.turn_io = turn_io or records_io(existing or {})
+        self.resumed_io: dict[str, tuple] = {}
         self.request_timeout, self.max_retries = request_timeout, max_retries
         self.reference_concurrency = reference_concurrency
         self.sequential_pools, self.api_key = sequential_pools, api_key
@@ -75,15 +76,18 @@ class Driver:
             self.ref_futures[h] = fut
         self.done_keys = recorded_keys(self.files.dir.parent)  # point and warmup records of earlier processes
         by_id = {(name, s.session_id): s for name, group in sessions.items() for s in group}
+        unanswered = [r for r in self.existing.values() if not r.failed and (r.pool, r.session_id) in by_id
+                      and str(r.input_hash) not in self.existing_refs]
+        need = {r.key for r in unanswered} | continued(self.existing, sessions, [p.label for p in self.points])
+        self.resumed_io = self.turn_io(need) if need else {}
         for rec in self.existing.values():
-            ref = self.existing_refs.get(rec["input_hash"])
-            if ref is not None and differs(rec, ref):
+            ref = self.existing_refs.get(str(rec.input_hash))
+            if ref is not None and rec.differs(ref):
                 self.progress.mismatch()
-            elif ref is None and rec["error"] is None and (rec["pool"], rec["session_id"]) in by_id:
-                # an earlier process recorded the candidate and stopped before its reference answered: send it
-                fut = self.reference_for(rec["input_ids"], rec["input_hash"], rec["max_new_tokens"],
-                                         by_id[(rec["pool"], rec["session_id"])], rec["turn"])
-                fut.add_done_callback(partial(self._compare, rec))
+        for rec in unanswered:  # an earlier process recorded the candidate and stopped before its reference answered
+            fut = self.reference_for(self.resumed_io[rec.key][0], rec.input_hash, rec.max_new_tokens,
+                                     by_id[(rec.pool, rec.session_id)], rec.turn)
+            fut.add_done_callback(partial(self._compare, rec))
 
         async def run_pool(pool: Pool) -> None:
             for point in self.points:
@@ -160,8 +164,13 @@ class Driver:
         counts = stop.counts
         for n, turn in enumerate(session.turns):
             key = point_key(pool.name, point.label, session.session_id, n)
-            rec = self.existing.get(key)
-            if rec is None and failed is None:
+            done = self.existing.get(key)
+            if done is not None:  # recorded by an earlier process
+                if done.failed and failed is None:
+                    failed = n
+                prev_input, prev_output = self.resumed_io.get(key, (None, None))
+                continue
+            if failed is None:
                 t_planned = None
                 if planned is not None and not stop.stop(planned[n]):  # a time bound needs no waiting
                     t_planned = wall0 + planned[n]
@@ -176,7 +185,7 @@ class Driver:
                 counts.sent += 1
                 counts.failed += rec["error"] is not None
                 counts.answered += rec["error"] is None
-            elif rec is None:
+            else:
                 rec = self._record(pool, None, point, session, n, [], turn.max_new_tokens, None, time.time(), 0,
                                    f"not run: turn {failed} of the session failed", key)
                 self._write_candidate(pool, rec)
@@ -201,7 +210,9 @@ class Driver:
             self.served[key] = (replica.replica_id, replica.incarnation)
             rec["cache_lost"] = self._cache_lost(prev_key, self.served[key])
         self._write_candidate(pool, rec)
-        ref.add_done_callback(partial(self._compare, rec))
+        # the comparison waits for the reference holding a summary: a record (tokens, top-k) kept until its
+        # reference answers would pile up wherever candidates answer faster than references
+        ref.add_done_callback(partial(self._compare, Recorded.of(rec)))
         return rec
 
     def _cache_lost(self, prev_key: str | None, served: tuple[str, int]) -> str | None:
@@ -221,8 +232,8 @@ class Driver:
         self.failed[pool.name] = self.failed.get(pool.name, 0) + (rec["error"] is not None)
         self.progress.candidate(rec)
 
-    def _compare(self, rec: dict, fut: asyncio.Future) -> None:
-        if not fut.cancelled() and fut.exception() is None and differs(rec, fut.result()):
+    def _compare(self, rec: Recorded, fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None and rec.differs(fut.result()):
             self.progress.mismatch()
 
     def reference_for(self, ids: list[int], h: str, max_new: int, session, turn: int) -> asyncio.Future:
@@ -248,7 +259,7 @@ class Driver:
                            error, key, h)
         self.files.write(REFERENCE_FILE, rec)
         self.progress.reference(rec)
-        return rec
+        return RefDone.of(rec)  # what later candidates of this input need, not the record
 
     async def send(self, pool: Pool, preferred: int, payload: dict, key: str
                    ) -> tuple[Replica | None, Generation | None, int, str | None]:

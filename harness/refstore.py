@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from records import layout as L
 from records.reader import RunReader
+from records.schema import point_key
 
 
 def output_digest(output_ids) -> bytes:
@@ -64,14 +65,44 @@ class Recorded:
                    record.get("pool"), record.get("session_id"), record.get("max_new_tokens"))
 
     def differs(self, ref: RefDone) -> bool:
-        """The live mismatch test (harness.driver.differs) on summaries: both answered, outputs differ."""
+        """The live mismatch test (`differs`) on summaries: both answered, outputs differ."""
         return not self.failed and not ref.failed and self.output != ref.output
 
 
 def differs(candidate: dict, ref: RefDone) -> bool:
-    """harness.driver.differs for a fresh candidate record against a reference summary."""
+    """The live mismatch test for a fresh candidate record against a reference summary: both answered and the
+    output ids differ (the analyzer classifies later)."""
     return candidate.get("error") is None and not ref.failed and output_digest(candidate.get("output_ids")) != \
         ref.output
+
+
+def as_recorded(rec: dict | Recorded) -> Recorded:
+    return rec if isinstance(rec, Recorded) else Recorded.of(rec)
+
+
+def as_ref_done(rec: dict | RefDone) -> RefDone:
+    return rec if isinstance(rec, RefDone) else RefDone.of(rec)
+
+
+def records_io(records: Mapping[str, dict | Recorded]) -> Callable[[Iterable[str]], dict]:
+    """ResumeState.io for candidate records given whole (a caller that has them: tests, benchmarks)."""
+    def io(keys: Iterable[str]) -> dict[str, tuple[list[int] | None, list[int] | None]]:
+        return {k: (records[k].get("input_ids"), records[k].get("output_ids")) for k in keys
+                if isinstance(records.get(k), dict)}
+    return io
+
+
+def continued(existing: Mapping[str, Recorded], sessions: Mapping[str, tuple], labels: list[str]) -> set[str]:
+    """Recorded turns whose next turn is not recorded: a resumed session builds that turn from their ids."""
+    out: set[str] = set()
+    if not existing:
+        return out
+    for name, group in sessions.items():
+        for label in labels:
+            for s in group:
+                keys = [point_key(name, label, s.session_id, n) for n in range(len(s.turns))]
+                out.update(k for k, nxt in zip(keys, keys[1:], strict=False) if k in existing and nxt not in existing)
+    return out
 
 
 _COLUMNS = ["key", "role", "pool", "session_id", "turn", "input_hash", "max_new_tokens", "error", "output_ids",

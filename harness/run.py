@@ -29,12 +29,13 @@ from harness.errors import HarnessError
 from harness.plan import Plan
 from harness.pools import Pool
 from harness.progress import Progress
+from harness.refstore import ResumeState
 from harness.resume import for_resume, trusted_lines
 from harness.run_config_file import write_config
 from harness.targets import Target, make_target
 from harness.workload import describe as describe_workload
 from records.incidents import IncidentLog, load_incidents
-from records.jsonl import RecordFiles, load_run
+from records.jsonl import RecordFiles
 from records.lock import RunLock, RunLocked
 from records.rundir import create_run_dir, discard_if_empty, load_config, new_run_id, update_latest, write_json
 from reports.gate import EXIT_HARNESS_FAILED, EXIT_PASS
@@ -65,8 +66,8 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
                 run_id: str, resumed: bool, infos: dict[str, dict]) -> Progress:
     """Read each pool's /server_info (stopping where it contradicts the pool), write config.json, run the driver;
     return the final counters."""
-    recorded = load_run(run_dir)
-    existing, existing_refs = recorded.candidates_by_key(), recorded.references
+    state = ResumeState.read(run_dir)  # keys and summaries, not records (harness/refstore.py)
+    existing, existing_refs = state.candidates, state.references
     tokenizer = plan.tokenizer.name if plan.tokenizer is not None else "unknown"
     incidents = IncidentLog(run_dir)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -85,6 +86,7 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
         files = RecordFiles(run_dir, set(existing) | {f"ref/{h}" for h in existing_refs})
         driver = Driver(run_id=run_id, concurrency=cfg.concurrency, candidates=cands, reference=ref, files=files,
                         http=http, progress=progress, existing=existing, existing_refs=existing_refs,
+                        turn_io=state.io,
                         request_timeout=cfg.request_timeout, max_retries=cfg.max_retries,
                         reference_concurrency=cfg.reference_concurrency, sequential_pools=cfg.sequential_pools,
                         api_key=cfg.api_key, tokenizers={p.name: tokenizer for p in (*cands, ref)},
