@@ -18,8 +18,9 @@ written through RecordFiles as a run writes them. Per size it prints:
   before   with --before DIR (a source tree of earlier code): its `python -m reports.render` of a JSONL copy;
   render   `python -m reports.render` CPU time and peak RSS (a child process);
   analyze  the streamed analyzer (reports/analyze_run.py) and junit.xml from its frame;
-  resume   what harness/run.py loads on --resume: `load_run(...).candidates_by_key()` and the references;
-  state    what a resume keeps with harness/refstore.py: `ResumeState.read(...)`;
+  resume   what harness/run.py loaded on --resume before the driver kept summaries: `load_run(...)
+           .candidates_by_key()` and the references;
+  state    what a resume loads now (harness/run.py, harness/refstore.py): `ResumeState.read(...)`;
   index    where records/ has it, `RunReader(...).resume_index()`;
   scan     where records/ has it, every column of every record as Arrow batches (`RunReader.batches`);
   driver   the real harness.driver against a backend that answers at once with the synthesized answers:

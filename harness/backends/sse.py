@@ -77,6 +77,8 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[float, b
 
 def _data(event: bytes | bytearray) -> bytes | None:
     """The payload of one event: its `data:` lines joined (other fields and comments dropped), or None."""
+    if event.startswith(b"data:") and b"\n" not in event:  # one data line: what both protocols send
+        return bytes(event[5:].strip())
     lines = [line[5:].strip() for line in event.strip().split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None  # bytes, also from bytearray lines
 
