@@ -218,31 +218,42 @@ class RunReader:
 
     def find(self, column: str, values: Iterable[str], role: str) -> dict[str, dict]:
         """The first record of `role` per value of `column` (`key` or `input_hash`) among `values`, as dicts,
-        reading whole rows only of the row groups that hold them (a report's worst cases and their references)."""
+        reading whole rows only of the row groups that hold them (a report's worst cases and their references);
+        their stored prompts are read in one pass."""
         want = set(values)
-        found: dict[str, dict] = {}
-        seen: set = set()
+        matched: list[list[dict] | pa.Table] = []  # in reading order: a journal's records, a row group's rows
         for stem in self.stems():
             if not L.is_request_stem(stem):
                 continue
             for src in self.layout.sources(stem):
                 if src.suffix == L.JOURNAL:
-                    rows: Iterable[dict] = (r for r in self._journal(src) if r.get(column) in want)
+                    matched.append([r for r in self._journal(src) if r.get(column) in want])
                 else:
                     pf = pq.ParquetFile(src)
-                    rows = (rec for g in range(pf.num_row_groups)
-                            for rec in self._matching(pf, g, column, want))
-                for rec in rows:
-                    if self._keep(rec.get("key"), seen) and rec.get("role") == role:
-                        found.setdefault(rec.get(column), rec)
+                    matched += [t for g in range(pf.num_row_groups)
+                                if (t := self._matching(pf, g, column, want)) is not None]
+        tables = [t for t in matched if isinstance(t, pa.Table)]
+        got = self.prompts({h for t in tables for h, null in zip(
+            t.column("input_hash").to_pylist(), t.column("input_ids").is_null().to_pylist(), strict=True)
+            if null and h is not None})
+
+        def prompt(h: str) -> list[int]:
+            return list(got[h]) if h in got else self.prompt(h)  # the latter raises the damaged-run error
+
+        found: dict[str, dict] = {}
+        seen: set = set()
+        for part in matched:
+            for rec in from_batch(part, prompt) if isinstance(part, pa.Table) else part:
+                if self._keep(rec.get("key"), seen) and rec.get("role") == role:
+                    found.setdefault(rec.get(column), rec)
         return found
 
-    def _matching(self, pf: pq.ParquetFile, g: int, column: str, want: set) -> list[dict]:
+    def _matching(self, pf: pq.ParquetFile, g: int, column: str, want: set) -> pa.Table | None:
         mask = pc.is_in(pf.read_row_group(g, columns=[column]).column(0), value_set=pa.array(sorted(want),
                                                                                               pa.string()))
         if not pc.any(mask).as_py():
-            return []
-        return from_batch(pf.read_row_group(g).filter(mask), self.prompt_of)
+            return None
+        return pf.read_row_group(g).filter(mask)
 
     def prompt_of(self, input_hash: str) -> list[int]:
         """One stored prompt, read alone (RunReader.prompt loads them all)."""
