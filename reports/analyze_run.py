@@ -94,6 +94,14 @@ def _scalars(data: dict[str, list], i: int) -> dict:
     return rec
 
 
+def _field(data: dict[str, list], i: int, name: str):
+    """One field of row i as its record has it (_scalars for just that field)."""
+    extra = data["_extra"][i]
+    if extra is not None and f'"{name}"' in extra and name in (parsed := json.loads(extra)):
+        return parsed[name]
+    return None if name in (data["_absent"][i] or ()) else data[name][i]
+
+
 class _Spill:
     """Each candidate row's input ids and input + output ids, written to a temporary file in the token pass and
     read back one sweep point at a time for the tree shapes (reports/tree_shapes.py)."""
@@ -148,7 +156,7 @@ class _Index:
                     if role == "candidate":
                         self.cands.append(_scalars(data, i))
                     elif role == "reference":
-                        self.refs.setdefault(str(_scalars(data, i).get("input_hash")), (s, g, int(rows[i])))
+                        self.refs.setdefault(str(_field(data, i, "input_hash")), (s, g, int(rows[i])))
         self.in_len: dict[int, int] = {}  # row -> length of its input prefix to digest
         self.seq_lens: dict[int, set[int]] = {}  # row -> lengths of its input + output prefixes to digest
         first: dict[tuple, int] = {}
