@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from records import layout as L  # noqa: E402
+from records.compact import WRITE_OPTIONS  # noqa: E402
 
 
 def _hash(h: str | None, copy: int) -> str | None:
@@ -63,7 +64,7 @@ def replicate(run_dir: Path, factor: int, out: Path) -> None:
                 if f.name.startswith("stats") and copy:
                     continue
                 pf = pq.ParquetFile(f)
-                writer = pq.ParquetWriter(dest / f.name, pf.schema_arrow, compression="zstd", compression_level=3)
+                writer = pq.ParquetWriter(dest / f.name, pf.schema_arrow, **WRITE_OPTIONS)
                 for g in range(pf.num_row_groups):
                     writer.write_table(_renamed(pf.read_row_group(g), copy))
                 meta = pf.metadata.metadata or {}

@@ -27,10 +27,14 @@ def _block_sizes(df: pd.DataFrame) -> dict[int, int]:
     return {int(i): int(b) for i, b in sizes.items()}
 
 
+_HIT_COLUMNS = ["key", "interval", "class", "crossings", "restored_verify_crossed", "restored_crossing_tracked",
+                "restored_crossing_step", "restored_crossing_commit_len"]
+
+
 def cell_hits(df: pd.DataFrame) -> pd.DataFrame:
     """Long form: one row per (request, kind, step, commit_len) with kind `crossed` or `restored`."""
     rows = []
-    for r in df.to_dict("records"):
+    for r in df[_HIT_COLUMNS].to_dict("records"):  # only the columns read: the frame has 60
         if pd.isna(r["interval"]):
             continue
         flagged = r["class"] in FLAGGED

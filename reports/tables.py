@@ -42,10 +42,16 @@ def _na(v):
     return None if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v
 
 
+_ATTRIBUTION_COLUMNS = ["key", "interval", "class", "onset_points_at", "prompt_offset", "restored", "restored_offset",
+                        "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
+                        "restored_crossing_tracked", "restored_link", "cached_tokens", "crossings", "drift_onset",
+                        "drift_onset_offset", "first_divergence", "divergence_offset"]
+
+
 def attributions(df: pd.DataFrame) -> pd.DataFrame:
     """Long form: one row per (request, boundary kind, offset, commit_len) it is attributed to."""
     rows = []
-    for r in df.to_dict("records"):
+    for r in df[_ATTRIBUTION_COLUMNS].to_dict("records"):  # only the columns read: the frame has 60
         interval = _na(r["interval"])
         if interval is None:
             continue
