@@ -60,7 +60,8 @@ class Driver:
         self.sequential_pools, self.api_key = sequential_pools, api_key
         self.tokenizers = tokenizers or {}
         self.decode = decode  # the target's tokenizer: the text of answers that come without it
-        self.ref_futures: dict[str, asyncio.Future] = {}
+        self.ref_futures: dict[str, asyncio.Future] = {}  # input hash -> its reference, while pending (or failed)
+        self.refs_done: dict[str, RefDone] = {}  # input hash -> its answered reference's summary
         self.sent: dict[str, int] = {}  # pool -> candidate requests sent by this process
         self.failed: dict[str, int] = {}  # pool -> candidate records with an error
         self.served: dict[str, tuple[str, int]] = {}  # candidate key -> (replica id, incarnation) that answered
@@ -70,14 +71,11 @@ class Driver:
         """Every sweep point of every pool; returns when all candidate and reference records are written."""
         loop = asyncio.get_running_loop()
         self.ref_sem = asyncio.Semaphore(self.reference_concurrency)
-        for h, rec in self.existing_refs.items():
-            fut = loop.create_future()
-            fut.set_result(rec)
-            self.ref_futures[h] = fut
+        self.refs_done.update(self.existing_refs)
         self.done_keys = recorded_keys(self.files.dir.parent)  # point and warmup records of earlier processes
         by_id = {(name, s.session_id): s for name, group in sessions.items() for s in group}
         unanswered = [r for r in self.existing.values() if not r.failed and (r.pool, r.session_id) in by_id
-                      and str(r.input_hash) not in self.existing_refs]
+                      and str(r.input_hash) not in self.refs_done]
         need = {r.key for r in unanswered} | continued(self.existing, sessions, [p.label for p in self.points])
         self.resumed_io = self.turn_io(need) if need else {}
         for rec in self.existing.values():
@@ -222,7 +220,7 @@ class Driver:
             return None
         if prev_key in self.existing:
             return "resume"
-        before = self.served.get(prev_key)
+        before = self.served.pop(prev_key, None)  # only its next turn asks
         if before is None or before == served:
             return None
         return "fail-over" if before[0] != served[0] else "replica restart"
@@ -237,12 +235,24 @@ class Driver:
             self.progress.mismatch()
 
     def reference_for(self, ids: list[int], h: str, max_new: int, session, turn: int) -> asyncio.Future:
-        """The reference answer for `ids`: one request per distinct input for the whole run."""
+        """The reference answer for `ids`: one request per distinct input for the whole run. An answered one is
+        kept as its RefDone alone (not the task that served it)."""
+        done = self.refs_done.get(h)
+        if done is not None:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(done)
+            return fut
         fut = self.ref_futures.get(h)
         if fut is None:
             fut = asyncio.ensure_future(self._serve_reference(ids, h, max_new, session, turn))
             self.ref_futures[h] = fut
+            fut.add_done_callback(partial(self._settled, h))
         return fut
+
+    def _settled(self, h: str, fut: asyncio.Future) -> None:
+        if not fut.cancelled() and fut.exception() is None:
+            self.refs_done[h] = fut.result()
+            del self.ref_futures[h]
 
     async def _serve_reference(self, ids: list[int], h: str, max_new: int, session, turn: int) -> dict:
         key = reference_key(h)
