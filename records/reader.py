@@ -231,7 +231,7 @@ class RunReader:
                 else:
                     pf = pq.ParquetFile(src)
                     matched += [t for g in range(pf.num_row_groups)
-                                if (t := self._matching(pf, g, column, want)) is not None]
+                                if (t := self._matching(pf, g, column, want, role)) is not None]
         tables = [t for t in matched if isinstance(t, pa.Table)]
         got = self.prompts({h for t in tables for h, null in zip(
             t.column("input_hash").to_pylist(), t.column("input_ids").is_null().to_pylist(), strict=True)
@@ -248,9 +248,11 @@ class RunReader:
                     found.setdefault(rec.get(column), rec)
         return found
 
-    def _matching(self, pf: pq.ParquetFile, g: int, column: str, want: set) -> pa.Table | None:
-        mask = pc.is_in(pf.read_row_group(g, columns=[column]).column(0), value_set=pa.array(sorted(want),
-                                                                                              pa.string()))
+    def _matching(self, pf: pq.ParquetFile, g: int, column: str, want: set, role: str) -> pa.Table | None:
+        """The rows of row group g whose `column` is in `want` and whose role is `role`, or None."""
+        cols = pf.read_row_group(g, columns=[column, "role"])
+        mask = pc.and_(pc.is_in(cols.column(0), value_set=pa.array(sorted(want), pa.string())),
+                       pc.equal(cols.column(1), role))
         if not pc.any(mask).as_py():
             return None
         return pf.read_row_group(g).filter(mask)
