@@ -21,8 +21,8 @@ import aiohttp
 
 from harness import cache_stats
 from harness.arrival import schedule
-from harness.backends import ReplicaFailure, RequestError
 from harness.driver_point import Point, PointCounts, StopRule, point_record, sweep
+from harness.driver_send import send
 from harness.driver_warmup import recorded_keys, run_warmup
 from harness.pools import HarnessError, Pool, Replica
 from harness.progress import Progress
@@ -273,34 +273,8 @@ class Driver:
 
     async def send(self, pool: Pool, preferred: int, payload: dict, key: str
                    ) -> tuple[Replica | None, Generation | None, int, str | None]:
-        """POST to the preferred healthy replica, re-sending after replica failures.
-
-        Returns (replica, answer or None, retries, error or None).
-        """
-        retries = 0
-        last = ""
-        while True:
-            replica = await pool.acquire(preferred)
-            if replica is None:
-                if pool.role == "reference":  # no oracle: nothing can be judged, the harness failed
-                    raise HarnessError(f"the reference pool cannot be served: {pool.dead_message()}")
-                return None, None, retries, pool.dead_message() + (f" (last failure: {last})" if last else "")
-            payload["rid"] = f"{self.run_id}:{key}" + (f"#retry{retries}" if retries else "")
-            url = replica.url
-            try:
-                gen = await pool.backend.generate(self.http, url, payload, self.request_timeout,
-                                                  incremental=pool.incremental_streams)
-            except ReplicaFailure as e:
-                last = f"{replica.replica_id}: {e}"
-                pool.mark_failed(replica, url, self.http, str(e))
-                if retries >= self.max_retries:
-                    return replica, None, retries, f"replica failure after {retries} retries: {last}"
-                retries += 1
-                self.progress.retry()
-                continue
-            except RequestError as e:
-                return replica, None, retries, str(e)
-            return replica, gen, retries, f"abort: {gen.abort_message}" if gen.abort_message else None
+        """POST to the preferred healthy replica, re-sending after replica failures (harness/driver_send.py)."""
+        return await send(self, pool, preferred, payload, key)
 
     def _record(self, pool: Pool, replica: Replica | None, point: Point | None, session, turn: int,
                 ids: list[int], max_new: int, gen, t_start: float, retries: int, error: str | None, key: str,

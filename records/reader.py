@@ -257,13 +257,6 @@ class RunReader:
             return None
         return pf.read_row_group(g).filter(mask)
 
-    def prompt_of(self, input_hash: str) -> list[int]:
-        """One stored prompt, read alone (RunReader.prompt loads them all)."""
-        got = self.prompts([input_hash])
-        if input_hash not in got:
-            return self.prompt(input_hash)  # raises the damaged-run error
-        return got[input_hash]
-
 
 @dataclass(frozen=True)
 class _Stored:

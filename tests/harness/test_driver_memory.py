@@ -16,6 +16,7 @@ from records.schema import Generation
 from tests.harness.helpers import make_sessions
 
 INTERVAL = 16
+RUN_ID = "driver-memory-test"  # other tests' records may still be alive in the same process
 
 
 class _LaggingReferences(Backend):
@@ -43,10 +44,12 @@ class _LaggingReferences(Backend):
         if payload["rid"].split(":", 1)[1].startswith("ref/"):
             await self.all_answered.wait()
             if self.alive_then is None:
-                await asyncio.sleep(0)  # let the last candidate's record be written and dropped
+                for _ in range(50):  # let the sessions that sent the last candidates finish and drop them
+                    await asyncio.sleep(0)
                 gc.collect()
-                self.alive_then = sum(1 for o in gc.get_objects()
-                                      if type(o) is dict and o.get("role") == "candidate" and "output_ids" in o)
+                self.alive_then = sum(1 for o in gc.get_objects()  # this test's records only (RUN_ID)
+                                      if type(o) is dict and o.get("run_id") == RUN_ID
+                                      and o.get("role") == "candidate" and "output_ids" in o)
         else:
             self.left -= 1
             if self.left == 0:
@@ -75,7 +78,7 @@ def test_no_candidate_record_is_held_while_its_reference_is_pending(tmp_path):
         ref = Pool("reference", "reference", reference_engine(cfg), [Replica("r-r0", "mem")], True, 5.0,
                    backend=backend)
         files = RecordFiles(tmp_path, set())
-        driver = Driver(run_id="t", concurrency=(1, 4), candidates=[cand], reference=ref, files=files, http=None,
+        driver = Driver(run_id=RUN_ID, concurrency=(1, 4), candidates=[cand], reference=ref, files=files, http=None,
                         progress=Progress(0, 0, enabled=False), reference_concurrency=2)
         await driver.run({cand.name: tuple(sessions)})
         files.close()
