@@ -65,15 +65,9 @@ class Recorded:
                    record.get("pool"), record.get("session_id"), record.get("max_new_tokens"))
 
     def differs(self, ref: RefDone) -> bool:
-        """The live mismatch test (`differs`) on summaries: both answered, outputs differ."""
+        """The live mismatch test on summaries: both answered and the output ids differ (the analyzer classifies
+        later). A fresh candidate is compared as `Recorded.of(record)`."""
         return not self.failed and not ref.failed and self.output != ref.output
-
-
-def differs(candidate: dict, ref: RefDone) -> bool:
-    """The live mismatch test for a fresh candidate record against a reference summary: both answered and the
-    output ids differ (the analyzer classifies later)."""
-    return candidate.get("error") is None and not ref.failed and output_digest(candidate.get("output_ids")) != \
-        ref.output
 
 
 def as_recorded(rec: dict | Recorded) -> Recorded:

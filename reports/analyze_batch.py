@@ -176,15 +176,14 @@ def _facts(tb, recs, cand, rside, has_ref, irregular, extras, fallback, facts: T
 def _inputs(tb, ks, recs, extras, absents, index, store, prompts) -> dict[int, object]:
     """Input ids (numpy, or the record's own value) of every batch row: the restore links compare prefixes of
     them, tree shapes walk them."""
-    need = list(range(len(ks)))
-    if not need:
+    if not ks:
         return {}
     start, length, values = _list(tb.column("input_ids"))
     flat = values.to_numpy(zero_copy_only=False)
     valid = tb.column("input_ids").is_valid().to_numpy(zero_copy_only=False)
     out: dict[int, object] = {}
     stored = []
-    for i in need:
+    for i in range(len(ks)):
         if "input_ids" in extras[i]:
             out[i] = extras[i]["input_ids"]
         elif valid[i]:

@@ -24,8 +24,8 @@ class RunResults:
     configs: pd.DataFrame
     verdict: Verdict
     config: dict  # the run's config.json
-    records: dict[str, dict]  # candidate key -> record
-    references: dict[str, dict]  # input_hash -> reference record
+    records: dict[str, dict]  # candidate key -> its scalar fields; the worst cases' whole records (reports/render.py)
+    references: dict[str, dict]  # input_hash -> reference record, of the worst cases
     coverage: pd.DataFrame
     tree_shapes: pd.DataFrame  # interval x tree shape (reports/tree_shapes.py)
     diagnosis: Diagnosis

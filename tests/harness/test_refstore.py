@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 
-from harness.refstore import Recorded, RefDone, ResumeState, differs
+from harness.refstore import Recorded, RefDone, ResumeState
 from records.compact import compact_run
 from records.jsonl import load_run
 from tests.reports.factory import pair, prompt, synthetic_run, write_run
@@ -45,7 +45,7 @@ def test_the_resume_state_summarizes_exactly_what_load_run_holds(tmp_path):
             if ref is not None:
                 assert state.candidates[c["key"]].differs(state.references[c["input_hash"]]) == \
                     record_differs(c, ref)
-                assert differs(c, RefDone.of(ref)) == record_differs(c, ref)
+                assert Recorded.of(c).differs(RefDone.of(ref)) == record_differs(c, ref)  # a fresh record
         assert any(c.failed for c in state.candidates.values())
         assert [c.key for c in state.unanswered()] == [c["key"] for c in run.candidates if c["error"] is None
                                                        and c["input_hash"] not in run.references]
