@@ -75,6 +75,23 @@ def first_divergence(cand: Sequence[int], ref: Sequence[int]) -> int | None:
     return None if len(cand) == len(ref) else min(len(cand), len(ref))
 
 
+def tie_flip(a: dict, b: dict, margin: float = DRIFT_TOLERANCE) -> bool:
+    """Whether two records of one request (two runs of it, same engine) part at a near-tie: at their first
+    differing output token, each side's top-k log-probs hold the other side's token within `margin` of its own
+    choice. A request batched with other requests the second time can flip so on kernels that are not
+    batch-invariant; equal outputs, or one a strict prefix of the other, are no flip."""
+    x, y = list(a.get("output_ids") or []), list(b.get("output_ids") or [])
+    p = first_divergence(x, y)
+    if p is None or p >= min(len(x), len(y)):
+        return False
+
+    def within(rec: dict, mine: int, other: int) -> bool:
+        top = {tok: lp for lp, tok in _sorted_top(_at(rec.get("output_top_logprobs"), p))}
+        return mine in top and other in top and top[mine] - top[other] < margin
+
+    return within(a, x[p], y[p]) and within(b, y[p], x[p])
+
+
 def _number(x) -> float | None:
     try:
         v = float(x)

@@ -1,8 +1,8 @@
 """The gate under an open-loop Poisson load: the frozen suite through Ray and the built-in engine at a seeded
 Poisson rate point beside a closed-loop one (docs/load.md).
 
-Clean engine: the rate point's records hold the same outputs as the closed-loop point's, turn for turn, and
-both points alone would get the same verdict (PASS). `stale-seq-lens` and `track-dropped-on-batch-change`
+Clean engine: the rate point's records hold the same outputs as the closed-loop point's, turn for turn (or a tie
+flip, reports.oracle.tie_flip), and both points alone would get the same verdict (PASS). `stale-seq-lens` and `track-dropped-on-batch-change`
 FAIL with the Poisson point flagged on its own: many sessions in flight change the batch all the time.
 """
 
@@ -16,6 +16,7 @@ import pytest
 from records.jsonl import load_run
 from records.reader import RunReader
 from reports.gate import evaluate
+from reports.oracle import tie_flip
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -44,7 +45,9 @@ def test_poisson_point_equals_the_closed_loop_point(tmp_path):
     assert len(closed) == len(poisson) == 74 and set(closed) == set(poisson)
     for k, r in poisson.items():
         assert r["arrival"] == "poisson" and r["error"] is None
-        assert r["output_ids"] == closed[k]["output_ids"] and r["input_ids"] == closed[k]["input_ids"]
+        # equal, or parted at tokens tied within the drift tolerance (other batches, CPU kernels not batch-invariant)
+        assert r["output_ids"] == closed[k]["output_ids"] or tie_flip(r, closed[k]), k
+        assert r["input_ids"] == closed[k]["input_ids"]
     df = pd.read_csv(run_dir / "requests.csv")
     point = _points(df)
     v_closed, v_poisson = evaluate(df[point == "i128-c4"]), evaluate(df[point == "i128-r4"])
