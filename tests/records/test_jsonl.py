@@ -143,3 +143,22 @@ def test_resume_after_a_kill_mid_line_keeps_every_record_once_in_order(tmp_path,
     assert list(after.references) == [reference(prompt(10, seed=0), [0, 1])["input_hash"]]
     assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [
         f"part-{n:06d}" for n in range(1, 4 if compacted_first else 3)]
+
+
+def test_a_journal_line_reads_back_as_the_record_whatever_orjson_would_make_of_it():
+    """encode: orjson where its line reads back as the record; the standard library for what orjson would write
+    otherwise (a non-finite float as null) or refuses (an int beyond 64 bits, a lone surrogate, a non-str key)."""
+    import json
+    import math
+
+    from records.journal import encode
+
+    plain = {"key": "a", "output_logprobs": [-0.1, -1 / 3], "output_text": "é\u2028", "error": None}
+    assert encode(plain) == json.dumps(plain, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    odd = [{"key": "b", "ttft": math.inf, "itl": -math.inf}, {"key": "c", "big": -(2**63) - 1},
+           {"key": "d", "text": "\udc80"}, {"key": "e", "turns": (1, 2)}, {"key": "f", "m": {1: 2}}]
+    for rec in odd:
+        line = encode(rec)
+        assert line == (json.dumps(rec, separators=(",", ":")) + "\n").encode() and line.endswith(b"}\n")
+    back = json.loads(encode({"key": "g", "lp": [math.nan]}))
+    assert math.isnan(back["lp"][0])
