@@ -2,8 +2,9 @@
 Poisson rate point beside a closed-loop one (docs/load.md).
 
 Clean engine: the rate point's records hold the same outputs as the closed-loop point's, turn for turn (or a tie
-flip, reports.oracle.tie_flip), and both points alone would get the same verdict (PASS). `stale-seq-lens` and `track-dropped-on-batch-change`
-FAIL with the Poisson point flagged on its own: many sessions in flight change the batch all the time.
+flip, reports.oracle.tie_flip), and both points alone would get the same verdict (PASS). `stale-seq-lens` and
+`track-dropped-on-batch-change` FAIL with the Poisson point flagged on its own: many sessions in flight change the
+batch all the time.
 """
 
 import subprocess
