@@ -1,7 +1,7 @@
 """`--backend openai` end to end against the built-in engine's OpenAI endpoint (random tiny weights).
 
 A few sessions of the frozen suite (interval 128) run to a verdict; the same
-servers driven through SGLang's native API give the same tokens and cached tokens.
+servers driven through SGLang's native API give the same tokens (or a tie flip) and cached tokens.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 
 from harness.run import main
 from reports.gate import EXIT_INCONCLUSIVE
+from reports.oracle import tie_flip
 from tests.harness.helpers import engine_pair, frozen_subset, read_lines
 
 pytestmark = pytest.mark.slow
@@ -41,8 +42,11 @@ def test_openai_backend_runs_the_frozen_suite_to_a_verdict(engines, tmp_path, ca
     assert set(runs["openai"]) == set(runs["sglang"]) and len(runs["openai"]) == 16 + 8
     for key, rec in runs["openai"].items():
         other = runs["sglang"][key]
-        assert rec["error"] is None and rec["output_ids"] == other["output_ids"], key
-        assert rec["cached_tokens"] == other["cached_tokens"] and rec["output_text"] == other["output_text"], key
+        assert rec["error"] is None and rec["cached_tokens"] == other["cached_tokens"], key
+        # the same tokens, or a tie flip (reports.oracle.tie_flip): at concurrency 2 the two runs' batches differ,
+        # and the CPU kernels are not batch-invariant (random weights have top-2 pairs 1e-5 apart)
+        assert rec["output_ids"] == other["output_ids"] or tie_flip(rec, other), key
+        assert rec["output_text"] == other["output_text"] or rec["output_ids"] != other["output_ids"], key
         assert [t[1] for t in rec["output_top_logprobs"][0]] == [t[1] for t in other["output_top_logprobs"][0]]
     turn1 = [r for r in runs["openai"].values() if r["role"] == "candidate" and r["turn"] == 1]
     assert {r["cached_tokens"] for r in turn1 if r["case_id"] != "frozen-i128-ctrl1"} == {128}
