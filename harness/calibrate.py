@@ -25,14 +25,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from records.jsonl import load_run
 from records.rundir import load_config, write_json
-from reports.analyze import analyze
+from reports.analyze_run import AnalyzedRun, analyze_run
 from reports.controls import BASELINE_POOL, controls_of, is_control
-from reports.envelope import DRIFT_FLOOR, ENVELOPE_FACTOR, LADDER, Envelope, ladder_sums
-from reports.facts import first_token_drift
+from reports.envelope import DRIFT_FLOOR, ENVELOPE_FACTOR, LADDER, Envelope
 from reports.gate import GateThresholds
-from reports.oracle import compared_drifts
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -138,9 +135,10 @@ def per_path(df, source_df, gate: GateThresholds, tolerance_given: bool, from_ru
     return out, uncalibrated
 
 
-def with_restore_tolerance(cal: Calibration, candidates: list[dict], references: dict[str, dict]) -> Calibration:
-    """`cal` with the restore tolerance of its controls' restored turns (their first output token's drift)."""
-    drifts = [first_token_drift(r, references.get(str(r.get("input_hash")))) for r in candidates
+def with_restore_tolerance(cal: Calibration, run: AnalyzedRun) -> Calibration:
+    """`cal` with the restore tolerance of its controls' restored turns in `run` (their first output token's
+    drift, `run.facts.first_drift`)."""
+    drifts = [run.facts.first_drift.get(r["key"]) for r in run.candidates
               if r.get("pool") in cal.controls and (r.get("cached_tokens") or 0) > 0 and not r.get("error")]
     drifts = [d for d in drifts if d is not None]
     if not drifts:
@@ -148,14 +146,14 @@ def with_restore_tolerance(cal: Calibration, candidates: list[dict], references:
     return replace(cal, restore_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(drifts)))
 
 
-def ladder_sums_by_pool(pools: set[str], candidates: list[dict], references: dict[str, dict]
-                        ) -> dict[str, list[tuple[float, ...]]]:
-    """Per pool of `pools`: the ladder sums (reports/envelope.py) of its answered records, each computed once."""
+def ladder_sums_by_pool(pools: set[str], run: AnalyzedRun) -> dict[str, list[tuple[float, ...]]]:
+    """Per pool of `pools`: the ladder sums (reports/envelope.py) of its answered records in `run` (analyzed
+    with those pools among its `ladder_pools`), in record order."""
     out: dict[str, list[tuple[float, ...]]] = {p: [] for p in pools}
-    for r in candidates:
-        ref = references.get(str(r.get("input_hash")))
-        if r.get("pool") in out and not r.get("error") and ref is not None and not ref.get("error"):
-            out[r["pool"]].append(ladder_sums(compared_drifts(r, ref)))
+    for r in run.candidates:
+        sums = run.facts.ladders.get(r["key"]) if r.get("pool") in out else None
+        if sums is not None:
+            out[r["pool"]].append(sums)
     return out
 
 
@@ -197,24 +195,22 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
     """Calibrate from the run's controls (or `baseline_run`'s records); record it in config.json; the thresholds
     to gate with and the per-pool (margin threshold, drift tolerance, envelope) for reports.analyze.
 
-    Without control records the configured thresholds stay, and config.json says so."""
-    run = load_run(run_dir)
+    Without control records the configured thresholds stay, and config.json says so. The records are streamed
+    (reports/analyze_run.py: bounded memory at any run size), the run's, then the trusted run's."""
     config = load_config(run_dir)
-    df = analyze(run.candidates, run.references, threshold=gate.margin_threshold, tolerance=gate.drift_tolerance)
+    limits = dict(threshold=gate.margin_threshold, tolerance=gate.drift_tolerance)
+    run = analyze_run(run_dir, **limits, ladder_pools=None if baseline_run else is_control)
+    df = run.df
     source = ""
-    if baseline_run:
-        trusted = load_run(Path(baseline_run))
-        source_df = analyze(trusted.candidates, trusted.references, threshold=gate.margin_threshold,
-                            tolerance=gate.drift_tolerance)
+    if baseline_run:  # any of its pools may be a control: its pool of a gated pool's name, else its path controls
+        source_run = analyze_run(Path(baseline_run), **limits, ladder_pools=lambda pool: True)
+        source_df = source_run.df
         source = f"from the trusted run {baseline_run}: "
     else:
-        source_df = df[df["pool"].map(is_control)]
+        source_run, source_df = run, df[df["pool"].map(is_control)]
     cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run))
-    source_run = trusted if baseline_run else run
-    sums = ladder_sums_by_pool({c for cal in cals.values() for c in cal.controls}, source_run.candidates,
-                               source_run.references)
-    cals = {p: with_envelope(with_restore_tolerance(c, source_run.candidates, source_run.references), sums)
-            for p, c in cals.items()}
+    sums = ladder_sums_by_pool({c for cal in cals.values() for c in cal.controls}, source_run)
+    cals = {p: with_envelope(with_restore_tolerance(c, source_run), sums) for p, c in cals.items()}
     per_pool = {p: limits_of(c) for p, c in cals.items()}
     gated = [c for p, c in cals.items() if not is_control(p)]
     calibrated = gate

@@ -83,9 +83,11 @@ def _parsed(table) -> tuple[list[dict], list[set]]:
     return extras, absents
 
 
-def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input, facts, spill) -> None:
+def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input, facts, spill,
+               ladder_pools=None) -> None:
     """Append the frame rows of candidate rows `tb` (global rows `ks`, scalars in index.cands) to `cols`, their
-    TokenFacts to `facts` (reports/facts.py) and their input and output ids to `spill` (tree shapes)."""
+    TokenFacts to `facts` (reports/facts.py; ladder sums for the pools `ladder_pools(pool)` names) and their
+    input and output ids to `spill` (tree shapes)."""
     recs = [index.cands[k] for k in ks]
     n = len(recs)
     extras, absents = _parsed(tb)
@@ -110,6 +112,10 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
     intervals = [record_interval(r) for r in recs]
     reported = crossings_of(tb.column("spec_trace"), intervals)
     _facts(tb, recs, cand, rside, has_ref, cand.irregular | rside.irregular, extras, fallback, facts)
+    if ladder_pools is not None:  # from record dicts of the row: each token list read once more, only for these
+        for i, rec in enumerate(recs):
+            if ladder_pools(str(rec.get("pool"))):
+                facts.add_ladder(rec["key"], *fallback(i))
     inputs = _inputs(tb, ks, recs, extras, absents, index, store, prompts)
     for i, k in enumerate(ks):
         rec, ids = recs[i], inputs.get(i)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,9 +174,11 @@ class _Index:
 
 
 def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolerance: float = DRIFT_TOLERANCE,
-                per_pool: Mapping[str, tuple] | None = None, budget: int = 64 << 20) -> AnalyzedRun:
+                per_pool: Mapping[str, tuple] | None = None, budget: int = 64 << 20,
+                ladder_pools: Callable[[str], bool] | None = None) -> AnalyzedRun:
     """The requests frame of `run_dir` (equal to reports.analyze.analyze over load_run's records), streamed;
-    `per_pool` as in analyze; `budget`: bytes of reference and prompt row groups kept for reuse."""
+    `per_pool` as in analyze; `budget`: bytes of reference and prompt row groups kept for reuse; `ladder_pools`:
+    the pools whose candidates' ladder sums the facts hold (TokenFacts.of's)."""
     per_pool = per_pool or {}
     reader = RunReader(run_dir)
     store = RowStore(reader, budget)
@@ -206,7 +208,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                 ks = list(range(k, k + tb.num_rows))
                 k += tb.num_rows
                 batch_rows(tb, ks, index, store, prompts, per_pool, (threshold, tolerance), cols, digests, has_input,
-                           facts, spill)
+                           facts, spill, ladder_pools)
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
 

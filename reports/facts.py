@@ -2,15 +2,20 @@
 
 The gate's checks past the oracle read two things from the records' token lists: the drift of a restored turn's
 first output token (reports/controls.py, restore onsets) and the draft tokens a pool accepted (reports/
-exercised.py, from `spec_trace`). `TokenFacts` holds those per candidate key, so that a report can be judged
-without holding any record: the streamed analyzer (reports/analyze_run.py) fills it batch by batch, and
-`TokenFacts.of(records, references)` gives the same values from record dicts.
+exercised.py, from `spec_trace`); a calibration (harness/calibrate.py) also reads its controls' drift summed over
+their first outputs (reports/envelope.py, `ladder_sums`). `TokenFacts` holds those per candidate key, so that a
+report can be judged and a run calibrated without holding any record: the streamed analyzer (reports/
+analyze_run.py) fills it batch by batch, and `TokenFacts.of(records, references)` gives the same values from
+record dicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from reports.envelope import ladder_sums
+from reports.oracle import compared_drifts
 
 
 def first_token_drift(cand: dict, ref: dict | None) -> float | None:
@@ -42,15 +47,28 @@ class TokenFacts:
 
     first_drift: dict[str, float] = field(default_factory=dict)
     accepted: dict[str, int | None] = field(default_factory=dict)
+    # of the pools asked for (`ladder_pools`), each answered candidate with an answered reference: the ladder
+    # sums of the drifts the oracle compares (reports.envelope.ladder_sums of reports.oracle.compared_drifts)
+    ladders: dict[str, tuple[float, ...]] = field(default_factory=dict)
+
+    def add_ladder(self, key: str, cand: dict, ref: dict | None) -> None:
+        """The ladder sums of `cand` (a record of an asked-for pool) against `ref`, if both answered."""
+        if not cand.get("error") and ref is not None and not ref.get("error"):
+            self.ladders[key] = ladder_sums(compared_drifts(cand, ref))
 
     @classmethod
-    def of(cls, records: Mapping[str, dict], references: Mapping[str, dict] | None = None) -> TokenFacts:
-        """The facts of candidate records (key -> record) and their references (input_hash -> record)."""
+    def of(cls, records: Mapping[str, dict], references: Mapping[str, dict] | None = None,
+           ladder_pools: Callable[[str], bool] | None = None) -> TokenFacts:
+        """The facts of candidate records (key -> record) and their references (input_hash -> record);
+        `ladder_pools(pool)`: whether a record's ladder sums are wanted (None: no one's)."""
         references = references or {}
         facts = cls()
         for key, rec in records.items():
-            d = first_token_drift(rec, references.get(str(rec.get("input_hash"))))
+            ref = references.get(str(rec.get("input_hash")))
+            d = first_token_drift(rec, ref)
             if d is not None:
                 facts.first_drift[key] = d
             facts.accepted[key] = accepted_tokens(rec.get("spec_trace"))
+            if ladder_pools is not None and ladder_pools(str(rec.get("pool"))):
+                facts.add_ladder(key, rec, ref)
         return facts

@@ -25,15 +25,20 @@ def same(run_dir, **kw):
     per_pool = kw.get("per_pool")
     want = analyze(run.candidates, run.references, kw.get("threshold", 0.5), kw.get("tolerance", 1e-3), per_pool)
     got = analyze_run(run_dir, kw.get("threshold", 0.5), kw.get("tolerance", 1e-3), per_pool,
-                      budget=kw.get("budget", 256 << 20))
+                      budget=kw.get("budget", 256 << 20), ladder_pools=lambda pool: pool != "i256")
     pd.testing.assert_frame_equal(got.df, want)
     assert (got.truncated, got.corrupt, got.duplicates) == (run.truncated, run.corrupt, run.duplicates)
     assert got.stats == run.stats
     assert [c["key"] for c in got.candidates] == [c["key"] for c in run.candidates]
-    want_facts = TokenFacts.of({c["key"]: c for c in run.candidates}, run.references)
+    want_facts = TokenFacts.of({c["key"]: c for c in run.candidates}, run.references, lambda pool: pool != "i256")
     # journals hold log-probs as JSON floats, the streamed path reads them as stored columns (float32)
     assert got.facts.first_drift == pytest.approx(want_facts.first_drift, rel=1e-5, abs=1e-7)
     assert got.facts.accepted == want_facts.accepted
+    # the calibration's ladder sums, of the pools asked for only
+    assert set(got.facts.ladders) == set(want_facts.ladders)
+    assert all(c["pool"] != "i256" for c in run.candidates if c["key"] in got.facts.ladders)
+    for key, sums in want_facts.ladders.items():
+        assert got.facts.ladders[key] == pytest.approx(sums, rel=1e-5, abs=1e-6), key
     pd.testing.assert_frame_equal(got.shapes, request_shapes(run.candidates))
     return got
 
