@@ -48,9 +48,10 @@ def truncate_partial_line(path: Path) -> int:
 def encode(record: dict) -> bytes:
     """One journal line (newline included): compact JSON in UTF-8 by orjson, which with its check here is 3x
     faster than the standard library on a record with 1,000 top-k log-probs (a driver writes two per candidate
-    request). orjson writes a non-finite float as null and a tuple as a list: a line that does not read back as
-    `record` (and one orjson refuses: an int beyond 64 bits, a lone surrogate, a non-str key) is written by
-    `json`, as before, so every record reads back as it was written (NaN and Infinity included)."""
+    request). orjson writes a non-finite float as null: a line that does not read back equal to `record` (also
+    one with a tuple, which both write as a list) and one orjson refuses (an int beyond 64 bits, a lone
+    surrogate, a non-str key) are written by `json`, as before, so every record reads back as it was written,
+    NaN and Infinity included."""
     try:
         out = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
         if orjson.loads(out) == record:
