@@ -29,7 +29,9 @@ A request re-sent after a kill shares batches with other requests than before,
 and the engine's CPU kernels are not batch-invariant: on the tiny random model
 a top-2 pair 1e-5 apart swaps (the analyzer classes it `soft`). So the headline
 is compared without its soft count, which such a flip moves; the flips are
-listed as `tie_flips`.
+listed as `tie_flips`. A candidate's flip changes its session's later turns (their
+input is its output): those are listed as `after_tie_flip`, and their references,
+which then exist in one run only, as `unmatched_refs`.
 """
 
 from __future__ import annotations
@@ -130,23 +132,51 @@ def run_harness(runs_dir: Path, run_id: str, args: list[str], kills: int = 0, se
     return proc.returncode, took, monkey.killed if monkey else [], out
 
 
+def differences(clean: list[dict], chaos: list[dict], margin: float = TIE_MARGIN) -> dict:
+    """The keys whose output ids differ between two runs' records, split: `outputs_differ` (a real difference),
+    `tie_flips` (reports.oracle.tie_flip) and `after_tie_flip` (a later turn of a session whose candidate turn
+    tie-flipped: its input is that other output, so its output differs too); and `unmatched_refs`, reference
+    keys in one run only whose input only such a later turn sent (its reference has another input hash)."""
+    by_key = {r["key"]: r for r in clean}
+    mine = {r["key"]: r for r in chaos}
+    differ = sorted(k for k in set(by_key) & set(mine) if by_key[k]["output_ids"] != mine[k]["output_ids"])
+    flips = [k for k in differ if tie_flip(by_key[k], mine[k], margin)]
+    first_flip: dict[str, int] = {}  # point/session -> its first tie-flipped candidate turn
+    for k in flips:
+        if by_key[k]["role"] == "candidate":
+            session, turn = k.rsplit("/", 1)
+            first_flip[session] = min(int(turn), first_flip.get(session, int(turn)))
+
+    def after(key: str) -> bool:
+        session, _, turn = key.rpartition("/")
+        return session in first_flip and turn.isdigit() and int(turn) > first_flip[session]
+
+    later = {k for run in (by_key, mine) for k, r in run.items() if r["role"] == "candidate" and after(k)}
+    inputs = {r["input_hash"] for run in (by_key, mine) for k, r in run.items() if k in later}
+    others = set(by_key) ^ set(mine)
+    return {"outputs_differ": [k for k in differ if k not in flips and k not in later],
+            "tie_flips": flips, "after_tie_flip": sorted(later & set(differ)),
+            "unmatched_refs": sorted(k for k in others if k.startswith("ref/") and
+                                     (by_key.get(k) or mine[k])["input_hash"] in inputs)}
+
+
 def compare(clean_dir: Path, chaos_dir: Path, margin: float = TIE_MARGIN) -> dict:
     """Figures: record counts, duplicates, errors, retries, cache_lost, outputs that differ, and those that
-    differ only by a tie flip (reports.oracle.tie_flip)."""
+    differ only through a tie flip (`differences`)."""
     clean, chaos = records(clean_dir), records(chaos_dir)
     keys = Counter((r["role"], r["key"]) for r in chaos)
     by_key = {r["key"]: r for r in clean}
     mine = {r["key"]: r for r in chaos}
-    differ = [k for k in set(by_key) & set(mine) if by_key[k]["output_ids"] != mine[k]["output_ids"]]
+    diff = differences(clean, chaos, margin)
+    excused = set(diff["unmatched_refs"])
     return {
         "records_clean": len(clean), "records_chaos": len(chaos),
         "duplicates": sum(n - 1 for n in keys.values() if n > 1),
-        "missing": sorted(set(by_key) - set(mine)), "extra": sorted(set(mine) - set(by_key)),
+        "missing": sorted(set(by_key) - set(mine) - excused), "extra": sorted(set(mine) - set(by_key) - excused),
         "errors": [r["key"] for r in chaos if r["error"]],
         "retries": sum(r["retries"] for r in chaos),
         "cache_lost": dict(Counter(r.get("cache_lost") for r in chaos if r.get("cache_lost"))),
-        "outputs_differ": sorted(k for k in differ if not tie_flip(by_key[k], mine[k], margin)),
-        "tie_flips": sorted(k for k in differ if tie_flip(by_key[k], mine[k], margin)),
+        **diff,
         "incidents": len((chaos_dir / "incidents.jsonl").read_text().splitlines())
         if (chaos_dir / "incidents.jsonl").exists() else 0,
     }

@@ -10,7 +10,7 @@ from reports.oracle import tie_flip
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from chaos import gated  # noqa: E402
+from chaos import differences, gated  # noqa: E402
 
 
 def rec(ids: list[int], tops: list[list[list]]) -> dict:
@@ -50,3 +50,24 @@ def test_a_verdict_is_compared_without_its_soft_count_only():
     assert gated(a) == gated(b) == "INCONCLUSIVE: 0 hard mismatches, 0 drift (0/148 requests), 0 errors"
     assert gated(a.replace("0 hard", "1 hard")) != gated(b)
     assert gated(None) is None
+
+
+def _session(turn0: dict, turn1_out: list[int], ref1: str) -> list[dict]:
+    """A two-turn session's candidates (turn 1's input hash `ref1`) and their references."""
+    t0 = {**turn0, "key": "i128-c4/s/0", "role": "candidate", "input_hash": "h0"}
+    t1 = {"key": "i128-c4/s/1", "role": "candidate", "input_hash": ref1, "output_ids": turn1_out}
+    refs = [{**CLEAN, "key": "ref/h0", "role": "reference", "input_hash": "h0"},
+            {"key": f"ref/{ref1}", "role": "reference", "input_hash": ref1, "output_ids": [1]}]
+    return [t0, t1, *refs]
+
+
+def test_a_candidates_tie_flip_excuses_its_sessions_later_turns_and_their_references_only():
+    clean, chaos = _session(CLEAN, [4, 4], "h1"), _session(CHAOS, [5, 5], "h1x")  # turn 1 built from another output
+    d = differences(clean, chaos)
+    assert d == {"outputs_differ": [], "tie_flips": ["i128-c4/s/0"], "after_tie_flip": ["i128-c4/s/1"],
+                 "unmatched_refs": ["ref/h1", "ref/h1x"]}
+    # without the flip at turn 0, the same later difference is a real one, and the references are not excused
+    wide = rec([7, 105, 9], [[[-0.1, 7]], [[-0.5, 105], [-0.6, 215]], [[-0.3, 9]]])
+    d = differences(clean, _session(wide, [5, 5], "h1x"))
+    assert d == {"outputs_differ": ["i128-c4/s/0", "i128-c4/s/1"], "tie_flips": [], "after_tie_flip": [],
+                 "unmatched_refs": []}
