@@ -44,11 +44,18 @@ def test_poisson_point_equals_the_closed_loop_point(tmp_path):
     closed = {(r["session_id"], r["turn"]): r for r in cands if r["concurrency"] == 4}
     poisson = {(r["session_id"], r["turn"]): r for r in cands if r["request_rate"] == 4.0}
     assert len(closed) == len(poisson) == 74 and set(closed) == set(poisson)
-    for k, r in poisson.items():
+    # equal, or parted at tokens tied within the drift tolerance (other batches, CPU kernels not batch-invariant);
+    # a session's turns after such a flip are built from another output, so they are not compared
+    flipped: dict[str, int] = {}
+    for (sid, turn), r in sorted(poisson.items()):
         assert r["arrival"] == "poisson" and r["error"] is None
-        # equal, or parted at tokens tied within the drift tolerance (other batches, CPU kernels not batch-invariant)
-        assert r["output_ids"] == closed[k]["output_ids"] or tie_flip(r, closed[k]), k
-        assert r["input_ids"] == closed[k]["input_ids"]
+        if sid in flipped:
+            continue
+        assert r["input_ids"] == closed[(sid, turn)]["input_ids"]
+        if r["output_ids"] != closed[(sid, turn)]["output_ids"]:
+            assert tie_flip(r, closed[(sid, turn)]), (sid, turn)
+            flipped[sid] = turn
+    assert len(flipped) <= 3, flipped  # a few near-ties at most on the trained model
     df = pd.read_csv(run_dir / "requests.csv")
     point = _points(df)
     v_closed, v_poisson = evaluate(df[point == "i128-c4"]), evaluate(df[point == "i128-r4"])
