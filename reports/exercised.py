@@ -6,6 +6,8 @@ cross a checkpoint boundary inside a verify step (from `spec_trace`, or inferred
 positions where the engine reports none); the full pools must reach at least
 `min_coverage` of the (verify step, commit length) boundary cells of their block
 size, crossed and restored (reports/coverage.py; measurable only with `spec_trace`).
+Where no record says what was accepted (vLLM reports no per-request verify counts), the
+acceptance comes from the server's own counters over the run (server_counters.json).
 Each finding says what was not exercised and what to change. Calibration controls
 (harness/calibrate.py) are not gated and not checked.
 """
@@ -49,8 +51,23 @@ def _accepted(g: pd.DataFrame) -> int | None:
     return int(extra.clip(lower=0).sum())
 
 
-def _pool_findings(pool: str, g: pd.DataFrame, accepted_by_key: Mapping[str, int | None], min_coverage: float
-                   ) -> list[Unexercised]:
+DRAFTED, ACCEPTED = "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"
+
+
+def server_acceptance(counters: Mapping) -> dict[str, tuple[int, int]]:
+    """Per pool (accepted, drafted) draft tokens over the run, from server_counters.json (harness/backends/
+    metrics.py: per pool and URL the counters' `delta`), for the pools whose servers count drafts."""
+    out = {}
+    for pool, urls in counters.items():
+        deltas = [e.get("delta", {}) for e in urls.values() if isinstance(e, dict)]
+        if any(DRAFTED in d for d in deltas):
+            out[str(pool)] = (int(sum(d.get(ACCEPTED, 0.0) for d in deltas)),
+                              int(sum(d.get(DRAFTED, 0.0) for d in deltas)))
+    return out
+
+
+def _pool_findings(pool: str, g: pd.DataFrame, accepted_by_key: Mapping[str, int | None], min_coverage: float,
+                   counted: tuple[int, int] | None = None) -> list[Unexercised]:
     answered = g[g["class"] != "error"]
     if not len(answered):
         return []  # a pool that answered nothing is the errors' business (the gate fails it)
@@ -68,11 +85,14 @@ def _pool_findings(pool: str, g: pd.DataFrame, accepted_by_key: Mapping[str, int
         accepted = sum(n for n in counts if n is not None)
     else:
         accepted = _accepted(answered)
+    evidence = "every verify step committed only its bonus token"
+    if accepted is None and counted is not None:
+        accepted, evidence = counted[0], f"the server's counters: 0 of {counted[1]} draft tokens accepted"
     if accepted == 0:
         out.append(Unexercised(pool, "acceptance", f"no draft token was accepted in {len(answered)} answered "
-                               "requests (every verify step committed only its bonus token): speculative verify "
-                               "was not exercised", "check the drafter (its model, --drafter-mode) and the "
-                               "speculative flags (--block-size, the method)"))
+                               f"requests ({evidence}): speculative verify was not exercised, every output token "
+                               "came from the target's own forward", "check the drafter (its model, "
+                               "--drafter-mode) and the speculative flags (--block-size, the method)"))
     if int(answered["n_crossings"].fillna(0).sum()) == 0:
         source = "spec_trace" if (answered["crossing_source"] == "reported").any() else "positions"
         out.append(Unexercised(pool, "verify-crossing", f"no checkpoint boundary was crossed inside a verify "
@@ -101,10 +121,12 @@ def _coverage_findings(pool: str, answered: pd.DataFrame, min_coverage: float) -
                         "scripted drafter that walks every cell), or lower --min-coverage")]
 
 
-def unexercised(df: pd.DataFrame, facts: TokenFacts, min_coverage: float) -> list[Unexercised]:
+def unexercised(df: pd.DataFrame, facts: TokenFacts, min_coverage: float,
+                counted: Mapping[str, tuple[int, int]] | None = None) -> list[Unexercised]:
     """What the candidate pools of a requests frame did not exercise (empty: everything the gate checks); the draft
-    tokens accepted come from `facts` (reports/facts.py: from spec_trace, None where a record has none)."""
+    tokens accepted come from `facts` (reports/facts.py: from spec_trace, None where a record has none), else from
+    the records' verify counts, else from `counted` (server_acceptance: the servers' counters per pool)."""
     out = []
     for pool, g in df.groupby("pool", sort=True):
-        out += _pool_findings(str(pool), g, facts.accepted, min_coverage)
+        out += _pool_findings(str(pool), g, facts.accepted, min_coverage, (counted or {}).get(str(pool)))
     return out

@@ -12,6 +12,7 @@ not exercise what it gates, reports/exercised.py). A calibrated run (config.json
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from reports.analyze_run import AnalyzedRun, analyze_run
 from reports.controls import is_control, path_numerics, path_numerics_lines, with_restore_onsets
 from reports.diagnosis import diagnose, noise_floor
 from reports.envelope import Envelope
-from reports.exercised import unexercised
+from reports.exercised import server_acceptance, unexercised
 from reports.facts import TokenFacts
 from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
@@ -71,13 +72,23 @@ def _restore_tolerances(config: dict) -> dict[str, float]:
     return {p: float(c["restore_tolerance"]) for p, c in pools.items() if c.get("restore_tolerance") is not None}
 
 
+def _server_acceptance(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Per pool (accepted, drafted) from RUN_DIR/server_counters.json, where the servers count drafts (vLLM)."""
+    try:
+        counters = json.loads((run_dir / "server_counters.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return server_acceptance(counters) if isinstance(counters, dict) else {}
+
+
 def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
-          per_pool: dict[str, tuple] | None, restore_tolerances: dict[str, float] | None = None
-          ) -> tuple[Verdict, list[str], pd.DataFrame]:
+          per_pool: dict[str, tuple] | None, restore_tolerances: dict[str, float] | None = None,
+          counted: dict[str, tuple[int, int]] | None = None) -> tuple[Verdict, list[str], pd.DataFrame]:
     """The verdict on the gated pools of a requests frame (calibration controls are not gated), the path-numerics
     lines (reports/controls.py; in a calibrated run only: the fp32 built-in engine is exact), and the frame as
     judged (path-numerics rows of gated pools have class `path_numerics`; controls as analyzed). `facts`: what
-    the checks past the oracle read from the token lists (reports/facts.py)."""
+    the checks past the oracle read from the token lists (reports/facts.py); `counted`: the servers' draft
+    acceptance per pool (reports/exercised.py server_acceptance), where no record reports it."""
     control = df["pool"].map(is_control).astype(bool) if len(df) else pd.Series([], dtype=bool)
     gated = df[~control]
     mask = path_numerics(gated) if calibrated else pd.Series(False, index=gated.index)
@@ -87,7 +98,7 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
         gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
     if calibrated:  # the restore moved the first token: drift, whatever the turn's tolerance
         gated = with_restore_onsets(gated, facts.first_drift, restore_tolerances or {})
-    found = unexercised(gated, facts, thresholds.min_coverage)
+    found = unexercised(gated, facts, thresholds.min_coverage, counted)
     verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()))
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
 
@@ -132,7 +143,8 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     tables = write_tables(df, run_dir, run.stats, run.candidates, run.shapes)
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
-    verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config))
+    verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
+                               _server_acceptance(run_dir))
     records, references = _case_records(run_dir, df, {str(c.get("key")): c for c in run.candidates})
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=references,

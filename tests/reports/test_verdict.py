@@ -7,7 +7,7 @@ import pytest
 
 from reports.analyze import analyze
 from reports.controls import controls_of, is_control, path_numerics
-from reports.exercised import unexercised
+from reports.exercised import server_acceptance, unexercised
 from reports.facts import TokenFacts
 from reports.gate import EXIT_GATE_FAILED, EXIT_INCONCLUSIVE, EXIT_PASS, GateThresholds, evaluate
 from reports.render import judge
@@ -169,3 +169,24 @@ def test_a_restore_that_moves_the_first_token_is_drift_under_a_loose_turn_tolera
     assert (verdict.drift, verdict.word) == (1, "FAIL")
     plain, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), True, per_pool, {})
     assert (plain.drift, plain.reasons) == (0, [])  # without a restore tolerance it passes every threshold
+
+
+def test_acceptance_from_the_servers_counters_where_no_record_reports_it():
+    """vLLM reports no per-request verify counts: the run's /metrics counters (server_counters.json) decide."""
+    recs = _session("i128", 0) + _session("i128", 1)
+    for r in recs:
+        if r["role"] == "candidate":
+            r["spec_trace"], r["spec_verify_ct"], r["spec_accept_length"] = None, None, None
+    df, records = _frame(recs)
+    assert unexercised(df, records, 0.0) == []  # nothing reported: nothing to conclude from
+    counters = {"i128": {"http://a": {"delta": {"vllm:spec_decode_num_draft_tokens_total": 5712.0,
+                                                "vllm:spec_decode_num_accepted_tokens_total": 0.0}},
+                         "http://b": {"delta": {"vllm:spec_decode_num_draft_tokens_total": 8.0}}},
+                "reference": {"http://c": {"delta": {"vllm:prefix_cache_hits_total": 0.0}}}}
+    counted = server_acceptance(counters)
+    assert counted == {"i128": (0, 5720)}
+    found = unexercised(df, records, 0.0, counted)
+    assert [(u.pool, u.check) for u in found] == [("i128", "acceptance")]
+    assert "(the server's counters: 0 of 5720 draft tokens accepted)" in found[0].text()
+    counters["i128"]["http://b"]["delta"]["vllm:spec_decode_num_accepted_tokens_total"] = 3.0
+    assert unexercised(df, records, 0.0, server_acceptance(counters)) == []
