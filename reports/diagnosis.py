@@ -27,6 +27,9 @@ SUBSYSTEMS = {
     "speculation": "speculative verify / accept: the speculation-only pool (no radix cache) is flagged too",
     "both": "both speculation and caching: the speculation-only and the cache-only pools are flagged",
     "none": "no subsystem: no request was flagged in any pool",
+    "undetermined": "no single subsystem: the full candidate is flagged, but a --diagnose pool that restored nothing "
+                    "has no control of its path, so its flags are path numerics (not judged) and speculation or "
+                    "caching alone cannot be ruled out",
 }
 
 
@@ -91,7 +94,7 @@ class Diagnosis:
 
 
 TABLE_COLUMNS = ["pool", "role", "variant", "interval", "requests", "errors", "flagged", "hard", "drift",
-                 "path_numerics", "restored"]
+                 "path_numerics", "restored", "unjudged"]
 
 
 def pool_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -105,7 +108,9 @@ def pool_table(df: pd.DataFrame) -> pd.DataFrame:
                      "flagged": int(g["class"].isin(FLAGGED).sum()), "hard": int((g["class"] == "hard").sum()),
                      "drift": int((g["class"] == "drift").sum()),
                      "path_numerics": int((g["class"] == "path_numerics").sum()),
-                     "restored": int(g["restored"].fillna(False).astype(bool).sum())})
+                     "restored": int(g["restored"].fillna(False).astype(bool).sum()),
+                     "unjudged": bool(g["unjudged_pool"].fillna(False).astype(bool).any())
+                     if "unjudged_pool" in g else False})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS).astype({"interval": "Int64"})
 
 
@@ -114,6 +119,9 @@ def _status(row: dict) -> str:
     answered = row["requests"] - row["errors"]
     if not answered:
         return f"{row['pool']} ({row['variant']}) crashed: {row['errors']}/{row['requests']} errors, nothing answered"
+    if row.get("unjudged"):
+        return (f"{row['pool']} ({row['variant']}) not judged: {row['path_numerics']}/{answered} path numerics "
+                "(it restored nothing, and no control shares its path)")
     text = f"{row['pool']} ({row['variant']}) flagged {row['flagged']}/{answered}"
     extra = [f"{row['errors']} errors"] if row["errors"] else []
     extra += [f"{row['path_numerics']} path numerics"] if row["path_numerics"] else []
@@ -175,7 +183,11 @@ def _group_result(rows: list[dict]) -> str:
     crashed = [r for r in rows if r["requests"] == r["errors"]]
     if any(r["variant"] == "full" for r in crashed):
         return "crashed"
-    return interval_subsystem({r["variant"]: r["flagged"] for r in rows if r not in crashed})
+    live = [r for r in rows if r not in crashed]
+    found = interval_subsystem({r["variant"]: r["flagged"] for r in live})
+    if found == "interplay" and any(r.get("unjudged") for r in live):  # a half that could not be judged
+        return "undetermined"
+    return found
 
 
 def diagnose(df: pd.DataFrame) -> Diagnosis:
@@ -202,6 +214,11 @@ def diagnose(df: pd.DataFrame) -> Diagnosis:
     found = set(per.values())
     if len(found) == 1:
         subsystem = found.pop()
-        return Diagnosis(subsystem, f"The evidence points at {SUBSYSTEMS[subsystem]}.", evidence, table)
+        headline = f"The evidence points at {SUBSYSTEMS[subsystem]}."
+        numerics = int(gated["path_numerics"].sum())
+        if subsystem == "none" and numerics:
+            headline = (f"The evidence points at no subsystem: no request was flagged in any pool, and {numerics} "
+                        "request(s) are path numerics, not judged (the verdict says why).")
+        return Diagnosis(subsystem, headline, evidence, table)
     names = "; ".join(f"{i}: {s}" for i, s in per.items())
     return Diagnosis("mixed", f"The intervals disagree ({names}).", evidence, table)

@@ -22,7 +22,7 @@ from records.incidents import load_incidents
 from records.reader import RunReader
 from records.rundir import load_config
 from reports.analyze_run import AnalyzedRun, analyze_run
-from reports.controls import is_control, path_numerics, path_numerics_lines, with_restore_onsets
+from reports.controls import is_control, path_numerics, path_numerics_lines, unshared_pools, with_restore_onsets
 from reports.diagnosis import diagnose, noise_floor
 from reports.envelope import Envelope
 from reports.exercised import server_acceptance, unexercised
@@ -83,23 +83,30 @@ def _server_acceptance(run_dir: Path) -> dict[str, tuple[int, int]]:
 
 def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
           per_pool: dict[str, tuple] | None, restore_tolerances: dict[str, float] | None = None,
-          counted: dict[str, tuple[int, int]] | None = None) -> tuple[Verdict, list[str], pd.DataFrame]:
+          counted: dict[str, tuple[int, int]] | None = None, calibration: dict[str, dict] | None = None
+          ) -> tuple[Verdict, list[str], pd.DataFrame]:
     """The verdict on the gated pools of a requests frame (calibration controls are not gated), the path-numerics
     lines (reports/controls.py; in a calibrated run only: the fp32 built-in engine is exact), and the frame as
-    judged (path-numerics rows of gated pools have class `path_numerics`; controls as analyzed). `facts`: what
+    judged (path-numerics rows of gated pools have class `path_numerics`, and `unjudged_pool` says whether their
+    pool has no control of its path; controls as analyzed). `facts`: what
     the checks past the oracle read from the token lists (reports/facts.py); `counted`: the servers' draft
-    acceptance per pool (reports/exercised.py server_acceptance), where no record reports it."""
+    acceptance per pool (reports/exercised.py server_acceptance), where no record reports it; `calibration`: the
+    calibration's entry per pool (config.json `calibration.per_pool`: its controls, their largest drift), which
+    says which pools no control shares a path with (reports/controls.py unshared_pools)."""
     control = df["pool"].map(is_control).astype(bool) if len(df) else pd.Series([], dtype=bool)
     gated = df[~control]
-    mask = path_numerics(gated) if calibrated else pd.Series(False, index=gated.index)
+    unshared = unshared_pools(gated, calibration or {}) if calibrated and len(gated) else {}
+    mask = path_numerics(gated, unshared) if calibrated else pd.Series(False, index=gated.index)
     lines = []
     if mask.any():
-        lines = path_numerics_lines(gated, mask, {p: limits[1] for p, limits in (per_pool or {}).items()})
+        lines = path_numerics_lines(gated, mask, {p: limits[1] for p, limits in (per_pool or {}).items()},
+                                    facts.first_drift, unshared)
         gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
     if calibrated:  # the restore moved the first token: drift, whatever the turn's tolerance
         gated = with_restore_onsets(gated, facts.first_drift, restore_tolerances or {})
     found = unexercised(gated, facts, thresholds.min_coverage, counted)
     verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()))
+    gated = gated.assign(unjudged_pool=gated["pool"].astype(str).isin(set(unshared)))
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
 
 
@@ -144,7 +151,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
     verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
-                               _server_acceptance(run_dir))
+                               _server_acceptance(run_dir), (config.get("calibration") or {}).get("per_pool"))
     records, references = _case_records(run_dir, df, {str(c.get("key")): c for c in run.candidates})
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=references,

@@ -3,8 +3,9 @@
 One candidate pool runs `--candidate-args` verbatim (vLLM's own flags, e.g.
 `--speculative-config '{...}' --enable-prefix-caching`); `--diagnose` adds a
 speculation-only pool (prefix caching off) and a cache-only pool (no speculative
-config) derived from the same flags. The reference pool runs the same model
-with neither. What each server really runs (its prefix-cache block, whether it
+config) derived from the same flags; one whose configuration is the candidate's
+own (a candidate without prefix caching is already speculation-only) is not started.
+The reference pool runs the same model with neither. What each server really runs (its prefix-cache block, whether it
 speculates, with how many draft tokens) is read from its /metrics once it is up,
 not assumed from the flags (harness/targets/vllm.py).
 """
@@ -134,6 +135,28 @@ def make_pool(name: str, role: str, args: tuple[str, ...]) -> VLLMPool:
     return VLLMPool(name, role, args, spec is not None, caching_of(args), int(drafts) if drafts else None)
 
 
+def diagnose_pools(candidate_args: tuple[str, ...]) -> list[VLLMPool]:
+    """The two halves of the candidate's configuration: `vllm-spec` (prefix caching off) and `vllm-cache` (no
+    speculative config, prefix caching on)."""
+    base = without(without(candidate_args, CACHE_ON), CACHE_OFF)
+    return [make_pool("vllm-spec", "candidate", base + (CACHE_OFF,)),
+            make_pool("vllm-cache", "candidate", without(base, SPEC_FLAG) + (CACHE_ON,))]
+
+
+def same_path(a: VLLMPool, b: VLLMPool) -> bool:
+    """Whether a --diagnose pool runs its candidate's configuration: both are derived from the same flags and differ
+    at most in speculation and prefix caching."""
+    return (a.speculative, a.prefix_caching) == (b.speculative, b.prefix_caching)
+
+
+def skipped_diagnose_pools(candidate_args: tuple[str, ...]) -> list[str]:
+    """The --diagnose pools not started because the candidate already runs their configuration, one line each."""
+    cand = make_pool("vllm", "candidate", candidate_args)
+    what = {"vllm-spec": "speculation without prefix caching", "vllm-cache": "prefix caching without speculation"}
+    return [f"pool {p.name} not started: the candidate vllm already runs {what[p.name]} (its results stand for "
+            "both in the diagnosis)" for p in diagnose_pools(candidate_args) if same_path(p, cand)]
+
+
 def pools(candidate_args: tuple[str, ...], diagnose: bool, calibrate: bool = False
           ) -> tuple[list[VLLMPool], VLLMPool]:
     """The candidate pools (`vllm`, with --diagnose also `vllm-spec` and `vllm-cache`, with --calibrate also
@@ -141,9 +164,7 @@ def pools(candidate_args: tuple[str, ...], diagnose: bool, calibrate: bool = Fal
     check_args(candidate_args)
     cands = [make_pool("vllm", "candidate", candidate_args)]
     if diagnose:
-        base = without(without(candidate_args, CACHE_ON), CACHE_OFF)
-        cands.append(make_pool("vllm-spec", "candidate", base + (CACHE_OFF,)))
-        cands.append(make_pool("vllm-cache", "candidate", without(base, SPEC_FLAG) + (CACHE_ON,)))
+        cands += [p for p in diagnose_pools(candidate_args) if not same_path(p, cands[0])]
     ref_args = without(without(without(candidate_args, SPEC_FLAG), CACHE_ON), CACHE_OFF) + (CACHE_OFF,)
     if calibrate:
         cands.append(make_pool("baseline", "candidate", ref_args))
@@ -184,6 +205,8 @@ def describe(cfg, python: str, cands: list[VLLMPool], ref: VLLMPool, n_sessions:
         lines.append("  server: " + shlex.join([python, "-m", "vllm.entrypoints.openai.api_server",
                                                 *server_args(cfg.model_path, p), "--host", "HOST", "--port",
                                                 "PORT"]))
+    if cfg.diagnose:
+        lines += skipped_diagnose_pools(cfg.candidate_args)
     lines.append("  environment: VLLM_HOST_IP=<replica address> VLLM_CACHE_ROOT=<run>/logs/<replica>-cache "
                  "VLLM_CPU_KVCACHE_SPACE=1 VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=<run key> HF_HUB_OFFLINE=1 ...")
     lines.append("at start: each server's block size, prefix caching and draft tokens are read from its /metrics "

@@ -13,7 +13,8 @@ from harness.config import ConfigError
 from harness.run import main
 from harness.targets.venv import InterpreterNotFound, find_python
 from harness.targets.vllm import VENV, server_env
-from harness.targets.vllm_profile import VLLMArgsError, caching_of, check_args, pools, spec_config, without
+from harness.targets.vllm_profile import (VLLMArgsError, caching_of, check_args, pools, skipped_diagnose_pools,
+                                         spec_config, without)
 from protocol.hf_tokenizer import load_tokenizer
 from records.reader import raw_records
 from tests.harness.fake_vllm import make_interpreter
@@ -50,6 +51,21 @@ def test_pools_full_diagnose_and_reference_flags():
         ("vllm", True, True, 4), ("vllm-spec", True, False, 4), ("vllm-cache", False, True, None)]
     assert "--no-enable-prefix-caching" in cands[1].args and "--speculative-config" not in cands[2].args
     assert ref.args == ("--no-enable-prefix-caching",) and not ref.speculative and not ref.prefix_caching
+
+
+def test_diagnose_starts_no_pool_that_repeats_the_candidates_configuration():
+    """A candidate without prefix caching is already the speculation-only configuration: --diagnose adds only the
+    cache-only half (and says so in the plan); one without speculation drops the cache-only half."""
+    spec_only = ("--no-enable-prefix-caching", "--speculative-config", SPEC)
+    cands, _ = pools(spec_only, diagnose=True, calibrate=True)
+    assert [p.name for p in cands] == ["vllm", "vllm-cache", "baseline"]
+    assert skipped_diagnose_pools(spec_only) == [
+        "pool vllm-spec not started: the candidate vllm already runs speculation without prefix caching (its "
+        "results stand for both in the diagnosis)"]
+    cands, _ = pools(("--enable-prefix-caching",), diagnose=True)
+    assert [(p.name, p.speculative, p.prefix_caching) for p in cands] == [("vllm", False, True),
+                                                                         ("vllm-spec", False, False)]
+    assert skipped_diagnose_pools(("--speculative-config", SPEC, "--enable-prefix-caching")) == []
 
 
 @pytest.mark.parametrize("args, expected", [
@@ -118,6 +134,19 @@ def test_dry_run_shows_every_server_command(model_dir, tmp_path, capsys):
     workload = [line for line in out.splitlines() if "workload:" in line]
     assert len(workload) == 1 and workload[0].startswith("workload: ") and workload[0].count("workload:") == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_dry_run_of_a_candidate_without_prefix_caching_starts_no_second_speculation_only_pool(model_dir, tmp_path,
+                                                                                               capsys):
+    fake = make_interpreter(tmp_path / "bin")
+    rc = main(["--engine", "vllm", "--model", str(model_dir), "--vllm-python", fake, "--diagnose", "--dry-run",
+               "--candidate-args", f"--no-enable-prefix-caching --speculative-config '{SPEC}'"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    pools = [line.split(" (")[0] for line in out.splitlines() if line.startswith("pool ")]
+    assert pools == ["pool vllm", "pool vllm-cache", "pool baseline", "pool reference",
+                     "pool vllm-spec not started: the candidate vllm already runs speculation without prefix caching"]
+    assert sum(line.startswith("  server: ") for line in out.splitlines()) == 4
 
 
 def _run(tmp_path, model_dir, sessions, *extra):

@@ -7,7 +7,7 @@ import pytest
 
 from reports.analyze import analyze
 from reports.coverage import cells, coverage_summary, coverage_table
-from reports.diagnosis import diagnose, interval_subsystem, noise_floor
+from reports.diagnosis import SUBSYSTEMS, diagnose, interval_subsystem, noise_floor
 from reports.facts import TokenFacts
 from tests.reports.factory import pair, prompt
 
@@ -159,3 +159,86 @@ def test_diagnosis_reads_every_pool_of_a_vllm_shaped_run():
     assert verdict.word == "FAIL" and verdict.reasons == ["4 request errors > allowed 0"]
     assert [line.split(":")[0] for line in lines] == ["pool vllm-cache", "pool vllm-spec"]
     assert all("--drift-tolerance" not in line and "path numerics" in line for line in lines)
+
+
+def _speculation_only_vllm_run(full_flagged: bool = False) -> tuple[pd.DataFrame, TokenFacts]:
+    """Records shaped like the vLLM Qwen3-Next bf16 re-run (draft_model drafter, --no-enable-prefix-caching
+    --calibrate --diagnose): the candidate `vllm` speculates without a prefix cache, so it restores nothing, and
+    drifts from its first verify step (output 1; one request also flips a token after it); `vllm-cache`'s restores
+    are exact and a split prefill drifts from its first token; the baseline control is clean. With `full_flagged`
+    a full candidate `vllm-full` (speculation + prefix cache) whose restored turns drift stands beside them."""
+    recs = []
+    for s in range(4):
+        p = prompt(65, seed=s)
+        out = [100 + j for j in range(8)]
+        spec = pair(p, out if s else out[:4] + [7] + out[5:], out, margins={4: 2.0}, pool="vllm", interval=None,
+                    session_id=f"s{s}", spec_trace=None)
+        spec[0]["output_logprobs"] = [-0.25] + [-0.75] * 7
+        spec[0]["engine"]["radix_cache"] = False
+        cache = pair(p, out, pool="vllm-cache", interval=64, session_id=f"c{s}", spec_trace=None,
+                     cached_tokens=64 if s < 2 else 0, accept=None)
+        cache[0]["engine"]["speculative"] = False
+        if s == 3:
+            cache[0]["output_logprobs"] = [-0.55] * 8
+        base = pair(p, out, pool="baseline", interval=None, session_id=f"b{s}", spec_trace=None, accept=None)
+        base[0]["engine"].update(speculative=False, radix_cache=False)
+        recs += spec + cache + base
+        if full_flagged:
+            full = pair(p, out, pool="vllm-full", interval=64, session_id=f"f{s}", spec_trace=None,
+                        cached_tokens=64 if s < 2 else 0)
+            if s < 2:
+                full[0]["output_logprobs"] = [-0.25] * 2 + [-0.9] * 6
+            recs += full[:1]
+    cands = [r for r in recs if r["role"] == "candidate"]
+    refs = {r["input_hash"]: r for r in recs if r["role"] == "reference"}
+    df = analyze(cands, refs, per_pool={p: (0.5, 0.234) for p in ("vllm", "vllm-cache", "vllm-full", "baseline")})
+    return df, TokenFacts.of({r["key"]: r for r in cands}, refs)
+
+
+_CALIBRATION = {p: {"controls": ["baseline"], "drift_max": 0.0584} for p in ("vllm", "vllm-cache", "vllm-full")}
+
+
+def test_a_speculation_only_pool_that_no_control_shares_a_path_with_is_not_judged():
+    from reports.gate import GateThresholds
+    from reports.render import judge
+
+    df, facts = _speculation_only_vllm_run()
+    assert list(df[df["pool"] == "vllm"]["class"]) == ["hard", "drift", "drift", "drift"]
+    verdict, lines, judged = judge(df, facts, GateThresholds(min_coverage=0.0), True,
+                                   {"vllm": (0.5, 0.234), "vllm-cache": (0.5, 0.234)}, calibration=_CALIBRATION)
+    assert (verdict.word, verdict.hard, verdict.drift, verdict.path_numerics) == ("INCONCLUSIVE", 0, 0, 5)
+    assert lines == [
+        "pool vllm: restored nothing, and no control shares its path (speculation, no prefix cache; calibrated "
+        "against baseline only, whose largest drift is 0.0584): its 4 flagged request(s) (1 hard, 3 drift; drift up "
+        "to 0.5, from the first output token (the prefill's) in 0, from a later output in 4; 12 verify steps in "
+        "them) are this configuration's path numerics, or a bug on that path, and no control here tells them "
+        "apart; not judged. To judge this path: --baseline-run a trusted run of this configuration",
+        "pool vllm-cache: 1 request(s) drift from their first output token, before any verify step (first-token "
+        "drift up to 0.3, up to 0.3 over the turn; the calibrated tolerance 0.234; 1 restored nothing): path "
+        "numerics of this configuration's prefill, which its controls do not share; not judged. Calibrate against "
+        "this configuration's own path: --baseline-run a trusted run of it"]
+    d = diagnose(judged)
+    assert (d.subsystem, d.headline) == ("none", "The evidence points at no subsystem: no request was flagged in any "
+                                         "pool, and 5 request(s) are path numerics, not judged (the verdict says why).")
+    assert d.evidence == [
+        "interval 64: vllm-cache (cache_only) flagged 0/4 (1 path numerics, 2 restored a checkpoint); vllm "
+        "(spec_only) not judged: 4/4 path numerics (it restored nothing, and no control shares its path) -> none",
+        "control baseline (cold) flagged 0/4 (0 restored a checkpoint)"]
+    # without the calibration's controls (or with a control of its own path) the pool is judged
+    plain, _, _ = judge(df, facts, GateThresholds(min_coverage=0.0), True, {"vllm": (0.5, 0.234)})
+    assert (plain.word, plain.hard, plain.drift) == ("FAIL", 1, 3)
+    own = {**_CALIBRATION, "vllm": {"controls": ["vllm"], "drift_max": 0.6}}  # --baseline-run: its trusted pool
+    trusted, _, _ = judge(df, facts, GateThresholds(min_coverage=0.0), True, {"vllm": (0.5, 0.234)},
+                          calibration=own)
+    assert (trusted.hard, trusted.drift) == (1, 3)
+
+
+def test_a_flagged_full_candidate_beside_an_unjudged_half_names_no_single_subsystem():
+    from reports.gate import GateThresholds
+    from reports.render import judge
+
+    df, facts = _speculation_only_vllm_run(full_flagged=True)
+    verdict, _, judged = judge(df, facts, GateThresholds(min_coverage=0.0), True, None, calibration=_CALIBRATION)
+    assert (verdict.word, verdict.drift) == ("FAIL", 2)
+    d = diagnose(judged)
+    assert d.subsystem == "undetermined" and d.headline == f"The evidence points at {SUBSYSTEMS['undetermined']}."

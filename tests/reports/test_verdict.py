@@ -112,17 +112,24 @@ def test_controls_share_the_candidates_code_paths():
     assert [is_control(p) for p in ("baseline", "ctl-i128-spec", "i128", "i128-spec")] == [True, True, False, False]
 
 
-@pytest.mark.parametrize("onset, restored, own_max, expected", [
-    (0, False, None, True),  # nothing restored, drift from the prefill's token: path numerics
-    (3, False, None, False),  # drift that starts after verify steps ran: judged
-    (0, True, 0.5, True),  # a restored turn within its pool's own unrestored path numerics
-    (0, True, 0.1, False),  # a restored turn beyond them: the restore's effect
-    (0, True, None, False),  # a restored turn in a pool without path numerics
+@pytest.mark.parametrize("cls, onset, flip, restored, own_max, expected", [
+    ("drift", 0, None, False, None, True),  # nothing restored, drift from the prefill's token: path numerics
+    ("drift", 3, None, False, None, False),  # drift that starts after verify steps ran: judged
+    ("drift", 0, None, True, 0.5, True),  # a restored turn within its pool's own unrestored path numerics
+    ("drift", 0, None, True, 0.1, False),  # a restored turn beyond them: the restore's effect
+    ("drift", 0, None, True, None, False),  # a restored turn in a pool without path numerics
+    ("hard", 0, 9, False, None, True),  # nothing restored, a flip after drift from the prefill's token
+    ("hard", 0, 0, False, None, False),  # the first token itself flipped: judged
+    ("hard", None, 9, False, None, False),  # a flip with no drift before it: judged
+    ("hard", 4, 9, False, None, False),  # drift that starts after verify steps, then a flip: judged
+    ("hard", 0, 9, True, 0.5, False),  # a restored turn that flips is always judged
 ])
-def test_path_numerics(onset, restored, own_max, expected):
-    rows = [{"pool": "p", "class": "drift", "drift_onset": onset, "restored": restored, "drift": 0.3}]
+def test_path_numerics(cls, onset, flip, restored, own_max, expected):
+    rows = [{"pool": "p", "class": cls, "drift_onset": onset, "first_divergence": flip, "restored": restored,
+             "drift": 0.3}]
     if own_max is not None:
-        rows.append({"pool": "p", "class": "drift", "drift_onset": 0, "restored": False, "drift": own_max})
+        rows.append({"pool": "p", "class": "drift", "drift_onset": 0, "first_divergence": None, "restored": False,
+                     "drift": own_max})
     assert bool(path_numerics(pd.DataFrame(rows)).iloc[0]) is expected
 
 
@@ -143,11 +150,37 @@ def test_judge_excludes_controls_and_reports_path_numerics_only_when_calibrated(
                            per_pool={"i128-spec": (0.5, 0.01)})
     assert (verdict.requests, verdict.drift, verdict.path_numerics, verdict.word) == (2, 0, 2, "INCONCLUSIVE")
     assert lines == ["pool i128-spec: 2 request(s) drift from their first output token, before any verify step "
-                     "(drift up to 0.5 > the calibrated tolerance 0.01; 2 restored nothing; 10 verify steps in "
-                     "them): path numerics of this configuration's prefill, which its controls do not share; not "
+                     "(first-token drift up to 0.5, up to 0.5 over the turn; the calibrated tolerance 0.01; 2 "
+                     "restored nothing; 10 verify steps in them): path numerics of this configuration's prefill, which its controls do not share; not "
                      "judged. Calibrate against this configuration's own path: --baseline-run a trusted run of it"]
     fp32, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), calibrated=False, per_pool=None)
     assert (fp32.drift, fp32.path_numerics, fp32.word) == (2, 0, "FAIL")
+
+
+def test_a_flip_after_drift_from_the_prefills_token_is_path_numerics_and_a_restored_flip_is_judged():
+    """vLLM's speculation-only pool (no prefix cache): its prefill's token already drifts, and the drift grows until
+    a token flips; with nothing restored that is path numerics, reported with its first-token and whole-turn drift.
+    The same shape in a restored turn is what the gate exists for: hard."""
+    out = [100 + j % 9 for j in range(16)]
+    flipped = out[:10] + [7] + out[11:]
+    recs = []
+    for s, (cand_out, cached) in enumerate([(out, 0), (flipped, 0), (flipped, 128)]):
+        c, ref = pair(prompt(140, seed=s), cand_out, out, margins={10: 3.0}, pool="vllm", interval=None,
+                      session_id=f"s{s}", turn=1 if cached else 0, cached_tokens=cached)
+        c["engine"]["radix_cache"] = False
+        c["output_logprobs"] = [-0.28] + [-0.25 - 0.1 * min(j, 4) for j in range(1, 16)]
+        recs += [c, ref]
+    df, facts = _frame(recs)
+    assert list(df["class"]) == ["drift", "hard", "hard"]
+    verdict, lines, judged = judge(df, facts, GateThresholds(min_coverage=0.0), calibrated=True,
+                                   per_pool={"vllm": (0.5, 0.01)})
+    assert list(judged["class"]) == ["path_numerics", "path_numerics", "hard"]
+    assert (verdict.hard, verdict.drift, verdict.path_numerics, verdict.word) == (1, 0, 2, "FAIL")
+    assert lines == ["pool vllm: 2 request(s) drift from their first output token, before any verify step "
+                     "(first-token drift up to 0.03, up to 2 over the turn; the calibrated tolerance 0.01; 2 "
+                     "restored nothing; 1 of them then flip a token; 10 verify steps in them): path numerics of this "
+                     "configuration's prefill, which its controls do not share; not judged. Calibrate against this "
+                     "configuration's own path: --baseline-run a trusted run of it"]
 
 
 def test_a_restore_that_moves_the_first_token_is_drift_under_a_loose_turn_tolerance():
