@@ -13,8 +13,15 @@ from harness.config import ConfigError
 from harness.run import main
 from harness.targets.venv import InterpreterNotFound, find_python
 from harness.targets.vllm import VENV, server_env
-from harness.targets.vllm_profile import (VLLMArgsError, caching_of, check_args, pools, skipped_diagnose_pools,
-                                         spec_config, without)
+from harness.targets.vllm_profile import (
+    VLLMArgsError,
+    caching_of,
+    check_args,
+    pools,
+    skipped_diagnose_pools,
+    spec_config,
+    without,
+)
 from protocol.hf_tokenizer import load_tokenizer
 from records.reader import raw_records
 from tests.harness.fake_vllm import make_interpreter

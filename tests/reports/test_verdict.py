@@ -151,8 +151,9 @@ def test_judge_excludes_controls_and_reports_path_numerics_only_when_calibrated(
     assert (verdict.requests, verdict.drift, verdict.path_numerics, verdict.word) == (2, 0, 2, "INCONCLUSIVE")
     assert lines == ["pool i128-spec: 2 request(s) drift from their first output token, before any verify step "
                      "(first-token drift up to 0.5, up to 0.5 over the turn; the calibrated tolerance 0.01; 2 "
-                     "restored nothing; 10 verify steps in them): path numerics of this configuration's prefill, which its controls do not share; not "
-                     "judged. Calibrate against this configuration's own path: --baseline-run a trusted run of it"]
+                     "restored nothing; 10 verify steps in them): path numerics of this configuration's prefill, "
+                     "which its controls do not share; not judged. Calibrate against this configuration's own path: "
+                     "--baseline-run a trusted run of it"]
     fp32, _, _ = judge(df, records, GateThresholds(min_coverage=0.0), calibrated=False, per_pool=None)
     assert (fp32.drift, fp32.path_numerics, fp32.word) == (2, 0, "FAIL")
 
