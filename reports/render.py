@@ -31,6 +31,7 @@ from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
 from reports.html_cases import worst_cases
 from reports.junit import write_junit
+from reports.paired import paired_check
 from reports.plots import write_plots
 from reports.results import RunResults
 from reports.summary import render_summary
@@ -110,6 +111,26 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
 
 
+def _with_paired(run_dir: Path, df: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """`df` with the restored turns that moved from their trusted twins (reports/paired.py) as drift, where the run
+    was calibrated against a trusted run (`--baseline-run`) that is still there; config["paired"] says what the
+    check found (or why it did not run)."""
+    trusted = (config.get("calibration") or {}).get("baseline_run")
+    if not trusted or not len(df):
+        return df
+    if not (Path(trusted) / "records").is_dir():
+        config["paired"] = f"not run: the trusted run {trusted} is gone (no records there)"
+        return df
+    gated = {str(p) for p in df["pool"].dropna().unique() if not is_control(p)}
+    found = paired_check(run_dir, trusted, gated)
+    config["paired"] = found.text()
+    moved = df["key"].astype(str).map(found.flagged)
+    hit = moved.notna() & df["class"].isin(["exact", "soft"])
+    if not hit.any():
+        return df
+    return df.assign(**{"class": df["class"].where(~hit, "drift"), "detail": df["detail"].where(~hit, moved)})
+
+
 def _case_records(run_dir: Path, df: pd.DataFrame, scalars: dict[str, dict]) -> tuple[dict, dict]:
     """The records the report shows whole: its worst cases' candidates (the other candidates by their scalar
     fields) and their references, read back from the run directory (records/reader.py `find`)."""
@@ -147,6 +168,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     df = run.df
     if calibrated:  # before the tables, so that requests.csv and every table count them as the verdict does
         df = with_restore_onsets(df, run.facts.first_drift, _restore_tolerances(config))
+        df = _with_paired(run_dir, df, config)
     tables = write_tables(df, run_dir, run.stats, run.candidates, run.shapes)
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)

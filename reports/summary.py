@@ -42,6 +42,8 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
               "before or at it.", ""]
     if (config.get("calibration") or {}).get("text"):
         lines += [f"Calibration: {md_inline(config['calibration']['text'])}.", ""]
+    if config.get("paired"):  # reports/paired.py, with --baseline-run
+        lines += [f"Paired check: {md_inline(config['paired'])}.", ""]
     lines += ["| requests | exact | drift | soft | hard | errors |", "|---|---|---|---|---|---|",
               f"| {verdict.requests} | {verdict.exact} | {verdict.drift} | {verdict.soft} | {verdict.hard} | "
               f"{verdict.errors} |", ""]
