@@ -49,7 +49,8 @@ class RunConfig:
     dtype: str = setting("float32", "str", "built-in engine: the dtype of every pool (engine.serve --dtype): "
                          "float32, the exact target, or bfloat16, a noisy one as GPU engines serve")
     baseline_run: str | None = setting(None, "str", "a trusted run directory (e.g. the last release's) whose records "
-                                       "calibrate the tolerances, path by path")
+                                       "calibrate the tolerances, path by path, and whose turns each restored turn "
+                                       "of the same request is compared with (the paired check)")
     min_coverage: float = setting(GATE.min_coverage, "float", "gate: the share of boundary cells a run must cross "
                                   "and restore; below it the verdict is INCONCLUSIVE")
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")

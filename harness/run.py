@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 
 from harness.backends import RequestError
-from harness.backends.metrics import counter_report, snapshot
+from harness.backends.metrics import counter_report, snapshot, with_earlier_parts
 from harness.cli import from_argv
 from harness.config import ConfigError, RunConfig
 from harness.driver import Driver
@@ -96,11 +96,20 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
         before = await snapshot(http, [*cands, ref])
         try:
             await driver.run(sessions)
-            write_json(run_dir / "server_counters.json", counter_report(before, await snapshot(http, [*cands, ref])))
+            counted = counter_report(before, await snapshot(http, [*cands, ref]))
+            write_json(run_dir / "server_counters.json", with_earlier_parts(counted, _earlier_counters(run_dir)))
         finally:
             files.close()
             progress.close()
     return progress
+
+
+def _earlier_counters(run_dir: Path) -> dict | None:
+    """server_counters.json of the run's earlier parts (a --resume), None where there is none or it is unreadable."""
+    try:
+        return json.loads((run_dir / "server_counters.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def render(run_dir: Path, cfg: RunConfig) -> int:

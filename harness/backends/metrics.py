@@ -136,3 +136,27 @@ def counter_report(before: dict, after: dict) -> dict:
                 entry["mean_accept_length"] = delta.get("specgate_generation_tokens_total", 0.0) / steps
             out.setdefault(pool, {})[url] = entry
     return out
+
+
+def with_earlier_parts(report: dict, earlier: dict | None) -> dict:
+    """`report` (counter_report of this part of a run) with the entries of its earlier parts (`earlier`: the run
+    directory's server_counters.json before a --resume; its servers' URLs, each entry marked `part: "earlier"`),
+    so that the deltas summed over a pool's URLs cover the whole run, not only the part that was resumed. An URL
+    in both keeps this part's counters and adds the earlier part's delta."""
+    if not isinstance(earlier, dict):
+        return report
+    out = {pool: dict(urls) for pool, urls in report.items()}
+    for pool, urls in earlier.items():
+        if not isinstance(urls, dict):
+            continue
+        for url, entry in urls.items():
+            if not isinstance(entry, dict):
+                continue
+            mine = out.setdefault(pool, {}).get(url)
+            if mine is None:
+                out[pool][url] = {**entry, "part": "earlier"}
+            else:
+                delta = {k: mine["delta"].get(k, 0.0) + float(v) for k, v in (entry.get("delta") or {}).items()}
+                out[pool][url] = {**mine, "delta": {**mine["delta"], **delta}}
+    return out
+

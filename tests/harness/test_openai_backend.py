@@ -169,3 +169,21 @@ def test_what_a_server_hides_is_declared_or_listed(tmp_path, capsys):
                                          "spec_verify_ct", "speculative"]  # declared settings are not known
     assert any("refuses vLLM's ignore_eos / return_token_ids" in n for n in probe["notes"])
     assert all(r["error"] is None for r in read_lines(run_dir) if r["role"] in ("candidate", "reference"))
+
+
+def test_a_resumed_runs_counters_keep_the_earlier_parts_so_acceptance_covers_the_whole_run():
+    from harness.backends.metrics import with_earlier_parts
+    from reports.exercised import server_acceptance
+
+    drafted, accepted = "vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total"
+    first = counter_report({"vllm": {"u1": {drafted: 0.0, accepted: 0.0}}},
+                           {"vllm": {"u1": {drafted: 400.0, accepted: 120.0}}})
+    resumed = counter_report({"vllm": {"u2": {drafted: 0.0, accepted: 0.0}}},
+                             {"vllm": {"u2": {drafted: 100.0, accepted: 0.0}}})
+    merged = with_earlier_parts(resumed, first)
+    assert merged["vllm"]["u1"]["part"] == "earlier" and "part" not in merged["vllm"]["u2"]
+    assert server_acceptance(merged) == {"vllm": (120, 500)}
+    assert server_acceptance(resumed) == {"vllm": (0, 100)}  # the resumed part alone would read "nothing accepted"
+    same = with_earlier_parts(first, first)  # one URL in both parts: the deltas add
+    assert server_acceptance(same) == {"vllm": (240, 800)}
+    assert with_earlier_parts(resumed, None) is resumed and with_earlier_parts(resumed, ["junk"]) is resumed
