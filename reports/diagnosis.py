@@ -147,23 +147,25 @@ def _undiagnosed(df: pd.DataFrame, table: pd.DataFrame) -> Diagnosis:
     if not len(flagged):
         return Diagnosis("none", "Nothing points at a subsystem: no request was flagged (drift or hard).",
                          evidence, table)
-    at_restore = flagged[flagged["onset_points_at"] == "restored_checkpoint"]
-    verify = at_restore[at_restore["restored_verify_crossed"]]
-    position = at_restore[at_restore["restored_link"] == "position"]
-    linked = f"{len(verify)} of those restored a checkpoint that the previous turn crossed inside a verify step"
+    restored = flagged[flagged["restored"].fillna(False).astype(bool)]
+    first = restored[restored["onset_points_at"] == "restored_checkpoint"]
+    verify = restored[restored["restored_verify_crossed"].fillna(False).astype(bool)]
+    position = restored[restored["restored_link"] == "position"]
+    linked = f"{len(verify)} restored a checkpoint that the previous turn crossed inside a verify step"
     if len(position):  # the engine reports no verify steps: the link is by position, the step unknown
-        linked = (f"{len(position)} of those restored a checkpoint the previous turn crossed (position-linked; "
-                  "whether inside a verify step: unknown, the engine does not report verify steps)")
-    evidence = [f"{len(flagged)} flagged request(s); {len(at_restore)} of them restored a checkpoint and left the "
-                f"reference from their first output token, {linked}", *evidence,
+        linked = (f"{len(position)} restored a checkpoint the previous turn crossed (position-linked; whether inside "
+                  "a verify step: unknown, the engine does not report verify steps)")
+    evidence = [f"{len(flagged)} flagged request(s); {len(restored)} of them restored a checkpoint ({len(first)} "
+                f"left the reference from their first output token, {linked})", *evidence,
                 "run with --diagnose to add speculation-only and cache-only pools and tell speculation, caching "
                 "and their interplay apart"]
-    if len(at_restore) == len(flagged):
+    if len(restored) == len(flagged):
         headline = ("The evidence points at the restored checkpoints (caching / checkpoint tracking, or the "
-                    "speculation x cache interplay); --diagnose would tell which.")
+                    "speculation x cache interplay): every flagged request restored one; --diagnose would tell "
+                    "which.")
     else:
-        headline = (f"{len(flagged) - len(at_restore)} flagged request(s) did not start at a restored checkpoint: "
-                    "not only the cache is implicated; --diagnose would tell which subsystem.")
+        headline = (f"{len(flagged) - len(restored)} flagged request(s) restored nothing: not only the cache is "
+                    "implicated; --diagnose would tell which subsystem.")
     return Diagnosis("undiagnosed", headline, evidence, table)
 
 
