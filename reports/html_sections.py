@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from records.schema import CACHE_COUNTERS
+from reports.controls import is_control
 from reports.coverage import coverage_summary
 from reports.diagnosis import Diagnosis, NoiseFloor
 from reports.gate import Verdict
@@ -47,6 +48,7 @@ def key_figures(df: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict) -> st
     figs = [("requests", verdict.requests, ""), ("exact", verdict.exact, "exact"),
             ("hard", verdict.hard, "hard"), ("drift", verdict.drift, "drift"),
             ("soft", f"{verdict.soft} ({100 * verdict.soft_rate:.1f}%)", "soft"), ("errors", verdict.errors, "error")]
+    df = df[~df["pool"].map(is_control)] if len(df) else df  # the gated pools: a control is never judged
     restored = df[df["restored_verify_crossed"]] if len(df) else df
     if len(restored):
         flagged = int(restored["class"].isin(["hard", "drift"]).sum())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.controls import is_control
 from reports.coverage import coverage_summary
 from reports.escape import md_inline
 from reports.html_sections import cache_pressure_text
@@ -52,6 +53,7 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
         lines += [f"Noise floor: requests that restored nothing ({floor.requests}) drift by at most "
                   f"{floor.max:.3g} (tolerance {floor.tolerance:g}).", ""]
     lines += [f"Warning: {md_inline(w)}" for w in results.warnings]
+    df = df[~df["pool"].map(is_control)] if len(df) else df  # the gated pools: a control is never judged
     linked = df[df["restored_verify_crossed"]] if len(df) else df
     if len(linked):
         flagged = int(linked["class"].isin(["hard", "drift"]).sum())

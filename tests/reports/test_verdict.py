@@ -224,3 +224,19 @@ def test_acceptance_from_the_servers_counters_where_no_record_reports_it():
     assert "(the server's counters: 0 of 5720 draft tokens accepted)" in found[0].text()
     counters["i128"]["http://b"]["delta"]["vllm:spec_decode_num_accepted_tokens_total"] = 3.0
     assert unexercised(df, records, 0.0, server_acceptance(counters)) == []
+
+
+def test_the_summary_counts_restored_crossings_of_the_gated_pools_only(tmp_path):
+    """A calibration control's restores (a cache-only control: position-linked) were counted beside the candidate's,
+    so a fault run read 'position-linked: 2, of which flagged 0' as if two affected turns had been missed."""
+    from reports.render import render_run
+    from tests.reports.factory import write_run
+
+    recs = _session("i128", 0) + _session("ctl-i128-cache", 1, speculative=False)
+    write_run(tmp_path, recs, {"min_coverage": 0.0})
+    render_run(tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Turns that restored a checkpoint their previous turn crossed inside a verify step: 1, of which flagged " \
+           "(hard or drift): 0." in summary
+    assert "position-linked" not in summary
+    assert "(position-linked)" not in (tmp_path / "report.html").read_text()
