@@ -36,24 +36,30 @@ def test_a_restored_turn_that_moved_from_its_trusted_twin_is_flagged_and_an_unch
     _candidate(new, "s2", 1)["output_logprobs"][0] -= 0.00005  # below the floor (1e-4 per output)
     write_run(tmp_path / "new", new)
     found = paired_check(tmp_path / "new", tmp_path / "trusted", {"i128"})
-    assert (found.matched, found.judged, found.noise_max) == (8, 4, 0.0)
+    assert (found.matched, found.judged, found.paired_points, found.moved_points) == (8, 4, ["i128-c1"], {})
     assert list(found.flagged) == ["i128-c1/s1/1"]
-    assert found.flagged["i128-c1/s1/1"].startswith(f"{DETAIL}: pair drift summed over outputs 0-3 0.002 > the "
-                                                    "pair envelope 0.0004 there")
+    assert found.flagged["i128-c1/s1/1"] == (f"{DETAIL}: pair drift summed over outputs 0-3 0.002 > 0.0004 there (its "
+                                             "sweep point's turns that restored nothing equal their twins bit for "
+                                             "bit)")
 
 
-def test_the_pair_noise_of_unrestored_turns_sets_the_envelope_per_sweep_point(tmp_path):
-    trusted = _records(concurrency=4)
+def test_a_sweep_point_whose_unrestored_turns_moved_is_not_paired(tmp_path):
+    """Batching (concurrency 4) moved the turns that restored nothing: it moves restored turns more (their checkpoint
+    was taken in a batch too), so that sweep point is left to the controls' limits; concurrency 1 is paired."""
+    trusted = _records(concurrency=4) + _records(concurrency=1)
     write_run(tmp_path / "trusted", trusted)
     new = copy.deepcopy(trusted)
-    for s in range(4):  # batching moved every unrestored turn by up to 0.01 per output
-        _candidate(new, f"s{s}", 0)["output_logprobs"] = [-0.25 - 0.01 * (j % 2) for j in range(8)]
-    _candidate(new, "s0", 1)["output_logprobs"] = [-0.25 - 0.02 * (j % 2) for j in range(8)]  # within 3x their sums
-    _candidate(new, "s3", 1)["output_logprobs"] = [-0.25 - 0.2] * 8  # far past it
+    c4 = [r for r in new if r["concurrency"] == 4]
+    for s in range(4):
+        _candidate(c4, f"s{s}", 0)["output_logprobs"] = [-0.25 - 0.01 * (j % 2) for j in range(8)]
+    _candidate(c4, "s3", 1)["output_logprobs"] = [-0.25 - 0.2] * 8
+    _candidate([r for r in new if r["concurrency"] == 1], "s3", 1)["output_logprobs"][5] -= 0.01
     write_run(tmp_path / "new", new)
     found = paired_check(tmp_path / "new", tmp_path / "trusted", {"i128"})
-    assert found.noise_max == pytest.approx(0.01, rel=1e-6)  # log-probs are stored as float32
-    assert list(found.flagged) == ["i128-c4/s3/1"]
+    assert found.paired_points == ["i128-c1"] and list(found.moved_points) == ["i128-c4"]
+    assert found.moved_points["i128-c4"] == pytest.approx(0.01, rel=1e-6)  # log-probs are stored as float32
+    assert (found.matched, found.judged, list(found.flagged)) == (16, 4, ["i128-c1/s3/1"])
+    assert "not paired, their unrestored turns moved: i128-c4 (by up to 0.01 per output)" in found.text()
 
 
 def test_turns_the_trusted_run_flagged_or_whose_input_changed_are_not_paired(tmp_path):
@@ -98,7 +104,7 @@ def test_render_flags_the_moved_turns_of_a_run_calibrated_against_a_trusted_run(
     moved = rows[rows["class"] == "drift"]
     assert list(moved["key"]) == ["i128-c1/s1/1"] and moved["detail"].iloc[0].startswith(DETAIL)
     summary = (tmp_path / "new" / "summary.md").read_text()
-    assert "Paired check: paired with the trusted run" in summary and "1 moved past the pair envelope" in summary
+    assert "Paired check: paired with the trusted run" in summary and "1 moved (more than 0.0001 per output" in summary
     # the trusted run gone: the check says it did not run, and the turn is judged as before (within 0.05; these
     # hand-built turns cross no boundary in a verify step, so the run is INCONCLUSIVE, not FAIL)
     (tmp_path / "new" / "config.json").write_text(json.dumps(
