@@ -27,7 +27,8 @@ restore bug the trusted run's own oracle missed included, is flagged; re-baselin
 fix.
 
 What is held: the trusted run's candidate output ids and log-probs of the gated pools
-(int32 and float32 arrays), then one batch of the new run at a time.
+(int64 and float64 arrays: 16 bytes per output token), then one batch of the new run at a
+time.
 """
 
 from __future__ import annotations
