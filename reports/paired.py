@@ -70,14 +70,15 @@ class Paired:
     judged: int = 0  # matched restored turns of paired sweep points
     flagged: dict[str, str] = field(default_factory=dict)
     paired_points: list[str] = field(default_factory=list)  # sweep points served deterministically: paired
-    moved_points: dict[str, float] = field(default_factory=dict)  # the others: their unrestored turns' largest move
+    # the others: their unrestored turns' largest move (inf: their tokens part from their twins')
+    moved_points: dict[str, float] = field(default_factory=dict)
     skipped_trusted_flagged: int = 0  # restored turns the trusted run flagged itself: not judged here
 
     def text(self) -> str:
         """One sentence for the report."""
         if not self.matched:
             return f"no request of this run has a twin in the trusted run {self.trusted_run} (same key and input)"
-        moved = "; ".join(f"{p} (by up to {v:.3g} per output)" for p, v in sorted(self.moved_points.items()))
+        moved = "; ".join(f"{p} ({_how_far(v)})" for p, v in sorted(self.moved_points.items()))
         return (f"paired with the trusted run {self.trusted_run}: {self.matched} request(s) matched (same key and "
                 f"input); {len(self.paired_points)} sweep point(s) served deterministically (every turn that "
                 f"restored nothing equal to its twin bit for bit): {self.judged} restored turn(s) judged against "
@@ -85,6 +86,10 @@ class Paired:
                 + (f"; not paired, their unrestored turns moved: {moved}" if moved else "")
                 + (f"; {self.skipped_trusted_flagged} restored turn(s) the trusted run flagged itself, not paired"
                    if self.skipped_trusted_flagged else ""))
+
+
+def _how_far(move: float) -> str:
+    return "their tokens part from their twins'" if move == float("inf") else f"by up to {move:.3g} per output"
 
 
 def _turns(run_dir: Path, pools: set[str] | None) -> Iterator[tuple[str, Turn]]:

@@ -112,3 +112,17 @@ def test_render_flags_the_moved_turns_of_a_run_calibrated_against_a_trusted_run(
     again = render_run(tmp_path / "new")
     assert (again.word, again.drift, again.hard) == ("INCONCLUSIVE", 0, 0)
     assert "Paired check: not run: the trusted run" in (tmp_path / "new" / "summary.md").read_text()
+
+
+def test_a_sweep_point_whose_unrestored_tokens_changed_is_not_paired(tmp_path):
+    """A fault on every verify step (conv-rollback-wrong-step) changes turns that restored nothing too: nothing
+    is paired there, and the report says the tokens parted."""
+    trusted = _records()
+    write_run(tmp_path / "trusted", trusted)
+    new = copy.deepcopy(trusted)
+    _candidate(new, "s0", 0)["output_ids"][6] = 7
+    _candidate(new, "s1", 1)["output_logprobs"][0] -= 0.5
+    write_run(tmp_path / "new", new)
+    found = paired_check(tmp_path / "new", tmp_path / "trusted", {"i128"})
+    assert (found.paired_points, found.judged, found.flagged) == ([], 0, {})
+    assert "not paired, their unrestored turns moved: i128-c1 (their tokens part from their twins')" in found.text()
