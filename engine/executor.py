@@ -13,7 +13,8 @@ result).
 from __future__ import annotations
 
 from engine.config import EngineConfig
-from engine.sampling import sample
+from engine.io_struct import GenerateRequest
+from engine.sampling import logprob_info, sample
 from engine.schedule_batch import BatchResult, PrefillChunk, ReqResult, ScheduleBatch
 from engine.spec.dflash import DFlashWorker
 from engine.stopping import take_until_finished
@@ -37,16 +38,25 @@ class Executor:
 
     def _extend(self, chunk: PrefillChunk) -> ReqResult:
         r = chunk.req
+        first = scored_from(r.req, chunk.start, chunk.end)
         logits = self.runner.extend(list(r.prompt[chunk.start : chunk.end]), chunk.start, r.pages, r.working_slot,
-                                    chunk.track_slot, chunk.track_offset)
+                                    chunk.track_slot, chunk.track_offset, -1 if first is None else first)
+        prompt_scores = []
+        if first is not None:  # rows [first, end): row p scores prompt token p + 1 (the last row: the output)
+            k = r.req.top_logprobs_num
+            for p in range(first, min(chunk.end, len(r.prompt) - 1)):
+                prompt_scores.append((p + 1, *logprob_info(logits[p - first], r.prompt[p + 1], k)))
+            logits = logits[-1]
         r.seq_len = chunk.end
         if not chunk.last:
-            return ReqResult(r, chunk.start, [], None)
+            return ReqResult(r, chunk.start, [], None, prompt_scores=prompt_scores)
         sp = r.req.sampling
         if sp.max_new_tokens == 0:
             r.device_finished = True
-            return ReqResult(r, chunk.start, [], None, {"type": "length", "length": 0})
-        return self._sampled(r, chunk.start, logits[None])
+            return ReqResult(r, chunk.start, [], None, {"type": "length", "length": 0}, prompt_scores=prompt_scores)
+        res = self._sampled(r, chunk.start, logits[None])
+        res.prompt_scores = prompt_scores
+        return res
 
     def _decode(self, reqs, track_slots: list[int] | None) -> list[ReqResult]:
         logits = self.runner.decode([r.pending for r in reqs], [r.seq_len for r in reqs], [r.pages for r in reqs],
@@ -71,3 +81,12 @@ class Executor:
         r.generated.append(token)
         r.device_finished = finish is not None
         return ReqResult(r, pre, [token], logits, finish)
+
+
+def scored_from(req: GenerateRequest, start: int, end: int) -> int | None:
+    """The first position of the extend [start, end) whose logits score a prompt token the request asks about
+    (prompt token p + 1 from position p, from its logprob_start_len on); None if none does."""
+    if not req.scores_prompt:
+        return None
+    first = max(start, req.logprob_start_len - 1, 0)
+    return first if first < min(end, len(req.input_ids) - 1) else None

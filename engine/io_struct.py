@@ -42,6 +42,14 @@ class GenerateRequest:
     sampling: SamplingParams = SamplingParams()
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    # SGLang's logprob_start_len: with return_logprob and a start >= 0, the prompt tokens from this position on
+    # are scored too, and the prefix match is capped at it (as SGLang does) so that they are all computed
+    logprob_start_len: int = -1
+
+    @property
+    def scores_prompt(self) -> bool:
+        """The request asks for the log-probs of its prompt tokens from `logprob_start_len` on."""
+        return self.return_logprob and 0 <= self.logprob_start_len <= len(self.input_ids)
 
 
 @dataclass
@@ -59,6 +67,11 @@ class GenerateOutput:
     output_logprobs: list[float] = field(default_factory=list)
     # per generated token: top-k (logprob, token_id), best first
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
+    # prompt tokens from the request's logprob_start_len on (GenerateRequest.scores_prompt): the log-prob of each
+    # under the logits of the position before it; None where that position was not computed (the first prompt
+    # token, or tokens at or before the restored checkpoint: the cache covered the position before them)
+    input_logprobs: list[float | None] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     cached_tokens: int = 0
     finished: bool = False
     finish_reason: dict | None = None

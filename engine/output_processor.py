@@ -35,6 +35,7 @@ class OutputProcessorMixin:
 
     def process_batch_result_prefill(self, last_chunk: bool, res: ReqResult) -> None:
         r = res.req
+        self._record_prompt_scores(r, res)
         if not last_chunk or r.out.finished:
             return  # an intermediate chunk is cached when its next chunk is planned
         self._emit(r, res)
@@ -67,6 +68,15 @@ class OutputProcessorMixin:
         if active(self.cfg, PINGPONG_DOUBLE_FLIP):
             r.next_track_idx = 1 - r.next_track_idx  # flipped again: the copy and the insert now name different slots
         r.last_track_seqlen = boundary
+
+    @staticmethod
+    def _record_prompt_scores(r: Req, res: ReqResult) -> None:
+        """The prompt tokens this chunk scored, into r's output at their offsets from logprob_start_len."""
+        start = r.req.logprob_start_len
+        for pos, lp, top in res.prompt_scores:
+            r.out.input_logprobs[pos - start] = lp
+            if r.out.input_top_logprobs:
+                r.out.input_top_logprobs[pos - start] = top
 
     def _emit(self, r: Req, res: ReqResult) -> None:
         """Append the step's tokens (and log-probs) to r's output; mark it finished if they end it."""

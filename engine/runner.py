@@ -111,11 +111,13 @@ class ModelRunner:
     # --- forwards -----------------------------------------------------------
     @torch.inference_mode()
     def extend(self, tokens: list[int], start: int, pages: list[int], slot: int, track_slot: int = -1,
-               track_offset: int = -1) -> torch.Tensor:
+               track_offset: int = -1, logits_from: int = -1) -> torch.Tensor:
         """Prefill chunk of one sequence: positions [start, start+T); state advances. Returns last logits [V].
 
         With `track_offset` >= 0 the state after that many of these tokens is also stored in
-        `track_slot` (a prefill checkpoint, read from the chunked kernel's intermediate states).
+        `track_slot` (a prefill checkpoint, read from the chunked kernel's intermediate states). With
+        `logits_from` in [start, start+T) it returns the logits of positions [logits_from, start+T) instead,
+        [start+T - logits_from, V] (the last row is the last position's): a request scoring its prompt.
         """
         fb = self._fb([start], len(tokens), [pages], [slot], verify=False)
         if track_offset >= 0:
@@ -124,6 +126,8 @@ class ModelRunner:
         hidden, aux = self.model(torch.tensor([tokens], device=self.device), fb, self.caches)
         if aux is not None:
             self._write_draft_ctx(aux, fb)
+        if start <= logits_from < start + len(tokens):
+            return self.model.logits(hidden[0, logits_from - start:])
         return self.model.logits(hidden[:, -1])[0]
 
     @torch.inference_mode()

@@ -93,6 +93,8 @@ class ReqResult:
     commit_len: int = 0  # verify: block tokens committed (accepted drafts + 1)
     tracked_step: int = -1  # verify: the intermediate step copied into the tracking slot (-1: none)
     discarded: bool = False  # the request had already finished on the device: an overlap step's extra run
+    # a prefill chunk of a request scoring its prompt: (prompt position, log-prob of its token, top-k)
+    prompt_scores: list[tuple[int, float, list[tuple[float, int]]]] = field(default_factory=list)
 
 
 @dataclass

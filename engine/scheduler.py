@@ -32,7 +32,7 @@ from engine.io_struct import GenerateOutput, GenerateRequest
 from engine.output_processor import OutputProcessorMixin
 from engine.req import Req
 from engine.schedule_batch import DecodeBatch, PrefillChunk, ScheduleBatch
-from engine.tree_cache import TreeCache
+from engine.tree_cache import TreeCache, max_prefix_len
 from protocol.boundaries import branching_point, chunk_extend_len, mamba_cache_chunk_size, prefill_track_position
 
 
@@ -80,6 +80,10 @@ class Scheduler(OutputProcessorMixin):
     def add(self, req: GenerateRequest) -> Req:
         self.check_fits(req)
         out = GenerateOutput(rid=req.rid, prompt_tokens=len(req.input_ids))
+        if req.scores_prompt:  # filled as the prefill computes the positions (Executor._extend)
+            scored = len(req.input_ids) - req.logprob_start_len
+            out.input_logprobs = [None] * scored
+            out.input_top_logprobs = [[] for _ in range(scored)] if req.top_logprobs_num else []
         r = Req(req=req, out=out)
         seed = req.sampling.seed if req.sampling.seed is not None else self.cfg.seed
         r.generator = torch.Generator().manual_seed(seed)
@@ -93,7 +97,7 @@ class Scheduler(OutputProcessorMixin):
         admitted = []
         while self.waiting and len(self.running) < self.cfg.max_running_requests:
             r = self.waiting[0]
-            match = self.tree.match(list(r.prompt))
+            match = self.tree.match(list(r.prompt), max_prefix_len(r.req))
             cached = match.cached_len if match else 0
             # SGLang locks the matched node before anything can evict (_match_post_processor)
             lock_late = match is not None and active(self.cfg, EVICT_MATCHED_CHECKPOINT)

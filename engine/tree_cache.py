@@ -22,6 +22,7 @@ from __future__ import annotations
 from engine.cache.radix import InsertResult, MatchResult, RadixCache
 from engine.config import EngineConfig
 from engine.faults import INSERT_WORKING_STATE, SPLIT_INHERITS_CHECKPOINT, active
+from engine.io_struct import GenerateRequest
 from engine.req import Req
 
 
@@ -51,11 +52,12 @@ class TreeCache:
         return slots
 
     # --- admission ----------------------------------------------------------
-    def match(self, prompt: list[int]) -> MatchResult | None:
-        """The prefix to resume from; at least one prompt token is left to run (its logits start the output)."""
+    def match(self, prompt: list[int], max_len: int | None = None) -> MatchResult | None:
+        """The prefix to resume from, not deeper than `max_len` (default: all but the last prompt token, whose
+        logits start the output; a request scoring its prompt caps it lower, `max_prefix_len`)."""
         if self.radix is None:
             return None
-        return self.radix.match_prefix(prompt, max_len=len(prompt) - 1)
+        return self.radix.match_prefix(prompt, max_len=len(prompt) - 1 if max_len is None else max_len)
 
     def lock(self, r: Req, node) -> None:
         """r holds `node` (and its path) against eviction until released or moved."""
@@ -150,3 +152,12 @@ class TreeCache:
     def flush(self) -> None:
         if self.radix is not None:
             self.radix.flush()
+
+
+def max_prefix_len(req: GenerateRequest) -> int:
+    """SGLang's `_compute_max_prefix_len`: at least one prompt token is left to run; a request that scores its
+    prompt from `logprob_start_len` matches no deeper than that, so every position it asks about is computed."""
+    limit = len(req.input_ids) - 1
+    if req.scores_prompt:
+        limit = min(limit, req.logprob_start_len)
+    return max(limit, 0)

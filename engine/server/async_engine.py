@@ -45,9 +45,14 @@ class OutputDelta:
     spec_verify_ct: int
     finished: bool
     finish_reason: dict | None
+    # the prompt's log-probs (a request scoring its prompt), once: with the delta that ends the prefill
+    input_logprobs: tuple | None = None
+    input_top_logprobs: tuple | None = None
 
     def apply(self, out: GenerateOutput) -> None:
         """Extend the consumer's cumulative `out` with this delta."""
+        if self.input_logprobs is not None:
+            out.input_logprobs, out.input_top_logprobs = list(self.input_logprobs), list(self.input_top_logprobs)
         out.output_ids.extend(self.output_ids)
         out.output_logprobs.extend(self.output_logprobs)
         out.output_top_logprobs.extend(self.output_top_logprobs)
@@ -207,9 +212,12 @@ class AsyncEngine:
                 self._streams.pop(out.rid)
         if target is None:
             return
+        prefilled = n_ids == 0 and (out.output_ids or out.finished)  # the prompt's log-probs are all in
         delta = OutputDelta(tuple(out.output_ids[n_ids:]), tuple(out.output_logprobs[n_lp:]),
                             tuple(out.output_top_logprobs[n_top:]), tuple(out.spec_trace[n_tr:]),
-                            out.cached_tokens, out.spec_verify_ct, out.finished, out.finish_reason)
+                            out.cached_tokens, out.spec_verify_ct, out.finished, out.finish_reason,
+                            tuple(out.input_logprobs) if prefilled else None,
+                            tuple(out.input_top_logprobs) if prefilled else None)
         loop, q = target
         loop.call_soon_threadsafe(q.put_nowait, delta)
 

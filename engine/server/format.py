@@ -60,6 +60,18 @@ def logprob_entry(lp: float, token_id: int, with_text: bool) -> list:
     return [finite(lp), token_id, token_str(token_id) if with_text else None]
 
 
+def input_logprob_entries(out: GenerateOutput, req, with_text: bool) -> dict:
+    """SGLang's `input_token_logprobs` (`[logprob or null, token_id, text-or-null]` per prompt token from
+    logprob_start_len on; null where the position before it was not computed) and `input_top_logprobs` (null
+    there, [] without top_logprobs_num)."""
+    ids = req.input_ids[req.logprob_start_len:]
+    tokens = [[None if lp is None else finite(lp), t, token_str(t) if with_text else None]
+              for lp, t in zip(out.input_logprobs, ids, strict=True)]
+    tops = [None if lp is None else [logprob_entry(v, t, with_text) for v, t in top]
+            for lp, top in zip(out.input_logprobs, out.input_top_logprobs or [[]] * len(ids), strict=True)]
+    return {"input_token_logprobs": tokens, "input_top_logprobs": tops}
+
+
 def meta_info(out: GenerateOutput, call: GenerateCall, e2e_latency: float, speculative: bool, start: int = 0,
               trace_start: int = 0) -> dict:
     """SGLang's `meta_info` for `out`; per-token lists (logprobs, spec_trace) from `start` / `trace_start` on."""
@@ -79,6 +91,8 @@ def meta_info(out: GenerateOutput, call: GenerateCall, e2e_latency: float, specu
         meta["output_top_logprobs"] = [
             [logprob_entry(lp, t, with_text) for lp, t in out.output_top_logprobs[i]]
             for i in range(start, len(out.output_top_logprobs))]
+        if call.req.scores_prompt and start == 0 and (out.output_ids or out.finished):
+            meta.update(input_logprob_entries(out, call.req, with_text))  # once: with the first output token
     if speculative:
         meta["spec_verify_ct"] = out.spec_verify_ct
         meta["spec_accept_length"] = out.spec_accept_length

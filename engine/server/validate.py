@@ -274,11 +274,12 @@ def parse_generate(body: dict, limits: Limits) -> GenerateCall:
     if top_k and not return_logprob:  # SGLang would silently return none: say so instead
         raise bad("top_logprobs_num", f"{top_k} without return_logprob: true; top log-probs come only with "
                                       "return_logprob (set \"return_logprob\": true, or leave top_logprobs_num out)")
-    # prompt logprobs are not computed: any start in -1..len(prompt) is accepted, output logprobs only
-    get_int(body, "logprob_start_len", "logprob_start_len", -1, lo=-1, hi=len(ids))
+    # as SGLang: with return_logprob, the prompt tokens from this position on are scored too (meta_info
+    # input_token_logprobs) and the prefix match stops there; -1 (the default): output log-probs only
+    start = get_int(body, "logprob_start_len", "logprob_start_len", -1, lo=-1, hi=len(ids))
     return GenerateCall(
         req=GenerateRequest(rid=check_rid(body.get("rid")), input_ids=ids, sampling=params,
-                            return_logprob=return_logprob, top_logprobs_num=top_k),
+                            return_logprob=return_logprob, top_logprobs_num=top_k, logprob_start_len=start),
         stream=get_bool(body, "stream", "stream", False),
         return_logprob=return_logprob, top_logprobs_num=top_k,
         return_text_in_logprobs=get_bool(body, "return_text_in_logprobs", "return_text_in_logprobs", False),

@@ -159,6 +159,36 @@ def test_session_second_turn_hits_cache_and_flush_resets_it(server):
     assert m["specgate_cached_tokens_total"] >= 128
 
 
+def test_prompt_log_probs_from_logprob_start_len_match_no_deeper(server):
+    """SGLang's input_token_logprobs: one [logprob, id, text] per prompt token from logprob_start_len (null where
+    the position before it was cached), the match capped at the start; streamed, once, with the first tokens."""
+    server.flush()
+    turn1_ids = [(7 * i) % 200 + 32 for i in range(150)]
+    t1 = server.generate(input_ids=turn1_ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True})
+    ids = turn1_ids + t1["output_ids"] + [65, 66, 67, 68, 69]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 128, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    ans = server.generate(**body)
+    meta = ans["meta_info"]
+    assert meta["cached_tokens"] == 128
+    entries, tops = meta["input_token_logprobs"], meta["input_top_logprobs"]
+    assert [e[1] for e in entries] == ids[128:]
+    assert [e[2] for e in entries] == [chr(t) if t < 128 else f"bytes:\\x{t:02x}" for t in ids[128:]]
+    assert entries[0][0] is None and tops[0] is None
+    assert all(isinstance(e[0], float) and e[0] <= 0 for e in entries[1:])
+    assert all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops[1:])
+    below = server.generate(**dict(body, logprob_start_len=100))["meta_info"]
+    assert below["cached_tokens"] == 0 and below["input_token_logprobs"][0][0] is not None  # no checkpoint <= 100
+    cold = [e[0] for e in below["input_token_logprobs"][29:]]  # the same tokens, prefilled from the start
+    assert cold == pytest.approx([e[0] for e in entries[1:]], abs=1e-4)
+    chunks = stream(server, body)
+    with_prompt = [c for c in chunks if "input_token_logprobs" in c["meta_info"]]
+    assert len(with_prompt) == 1 and with_prompt[0]["output_ids"]
+    assert with_prompt[0]["meta_info"]["input_token_logprobs"] == entries
+    plain = server.generate(**{k: v for k, v in body.items() if k != "logprob_start_len"})["meta_info"]
+    assert "input_token_logprobs" not in plain and plain["cached_tokens"] == 128
+
+
 def test_flush_and_duplicate_rid_refused_while_running(server):
     server.wait_idle()
     conn, _resp, first = open_stream(server, "/generate", {
