@@ -122,6 +122,10 @@ class RunConfig:
                                   "0: no change")
     sequential_pools: bool = setting(False, "bool", "run the interval pools one after another (default: "
                                      "together)")
+    no_restore_window: bool = setting(False, "bool", "send no restore-window probe: by default each turn that "
+                                      "restored a checkpoint is sent again to its replica and to the reference "
+                                      "scoring its prompt tokens past the checkpoint, where a wrong restored "
+                                      "state shows first (SGLang protocol only; docs/reports.md)")
     server_command: tuple[str, ...] | None = setting(
         None, "cmd", "replica server command (default: 'python -m engine.serve'; a leading python is the "
         "replica's interpreter)")

@@ -27,6 +27,7 @@ from harness.driver_warmup import recorded_keys, run_warmup
 from harness.pools import HarnessError, Pool, Replica
 from harness.progress import Progress
 from harness.refstore import Recorded, RefDone, as_recorded, as_ref_done, continued, records_io
+from harness.window import wants_window, window_fields, without_probes
 from records.jsonl import RecordFiles
 from records.rundir import REFERENCE_FILE, candidate_file, input_hash
 from records.schema import POINTS_FILE, STATS_FILE, Generation, build_record, point_key, point_record_key, reference_key
@@ -44,8 +45,10 @@ class Driver:
                  sequential_pools: bool = False, api_key: str | None = None,
                  tokenizers: dict[str, str] | None = None, decode: Callable[[list[int]], str] | None = None,
                  request_rate: tuple[float, ...] = (), arrival: str = "constant", seed: int = 0, warmup: int = 0,
-                 duration: float | None = None, max_error_rate: float | None = None) -> None:
+                 duration: float | None = None, max_error_rate: float | None = None, windows: bool = True) -> None:
         self.run_id, self.points = run_id, sweep(concurrency, request_rate, arrival)
+        self.windows = windows  # probe each restored turn's restore window (harness/window.py)
+        self.probe_hits: dict[tuple[str, str, str], int] = {}  # (pool, point label, replica) -> probes' cached tokens
         self.seed, self.warmup, self.duration, self.max_error_rate = seed, warmup, duration, max_error_rate
         self.candidates, self.reference = candidates, reference
         self.files, self.http, self.progress = files, http, progress
@@ -147,6 +150,7 @@ class Driver:
                                              before=before, after=after, t_start=wall0, t_end=time.time(),
                                              partial=resumed):
             rec.update(key=f"stats/{pool.name}-{point.label}/{rec['replica_id']}", request_rate=point.rate)
+            without_probes(rec, self.probe_hits.pop((pool.name, point.label, rec["replica_id"]), 0))
             self.files.write(STATS_FILE, rec)
         self.files.write(POINTS_FILE, point_record(
             run_id=self.run_id, pool=pool.name, point=point, counts=counts, t_start=wall0, t_end=time.time(),
@@ -204,6 +208,8 @@ class Driver:
         replica, gen, retries, error = await self.send(pool, index, payload, key)
         rec = self._record(pool, replica, point, session, turn, ids, max_new, gen, t_start, retries, error,
                            key, h, t_planned)
+        if self.windows and wants_window(gen, error, len(ids)):
+            rec.update(await window_fields(self, pool, point.label, index, ids, h, gen.cached_tokens, key))
         if replica is not None:
             self.served[key] = (replica.replica_id, replica.incarnation)
             rec["cache_lost"] = self._cache_lost(prev_key, self.served[key])

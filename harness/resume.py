@@ -24,7 +24,7 @@ CHOOSES_WHAT_RUNS = ("engine", "vllm_python", "sglang_python", "server_command",
 RESUME_FIXED = ("suite", "num_requests", "seed", "intervals", "concurrency", "block_size", "model_preset",
                 "inject_fault", "page_size", "tp_size", "backend", "diagnose", "cover", "calibrate", "dtype",
                 "request_rate", "arrival", "warmup", "duration", "endpoint", "reference_endpoint", "baseline_run",
-                *CHOOSES_WHAT_RUNS)
+                "no_restore_window", *CHOOSES_WHAT_RUNS)
 ADDRESS = "address"  # the Ray cluster: the command line's, unless --trust-run-config
 
 

@@ -92,7 +92,7 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
                         api_key=cfg.api_key, tokenizers={p.name: tokenizer for p in (*cands, ref)},
                         decode=plan.tokenizer.decode if plan.tokenizer is not None else None,
                         request_rate=cfg.request_rate, arrival=cfg.arrival, seed=cfg.seed, warmup=cfg.warmup,
-                        duration=cfg.duration, max_error_rate=cfg.max_error_rate)
+                        duration=cfg.duration, max_error_rate=cfg.max_error_rate, windows=not cfg.no_restore_window)
         before = await snapshot(http, [*cands, ref])
         try:
             await driver.run(sessions)

@@ -30,6 +30,9 @@ class Generation:
     e2e: float
     abort_message: str | None = None
     ttst: float | None = None  # time to second token: when the stream had delivered two tokens (None: unknown)
+    # the prompt tokens' log-probs from the request's logprob_start_len on (SGLang's input_token_logprobs; None
+    # where the server computed none: the first, or one the cache covered); None when not asked or not reported
+    input_logprobs: list[float | None] | None = None
 
 
 def candidate_key(pool: str, concurrency: int, session_id: str, turn: int) -> str:

@@ -53,6 +53,12 @@ class Backend(ABC):
     def payload(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:
         """The request body for greedy, fixed-length generation with logprobs."""
 
+    def window_payload(self, input_ids: list[int], start: int) -> dict | None:
+        """The body of a restore-window probe (harness/window.py): `input_ids` again, scoring its prompt tokens
+        from `start` on without matching deeper than `start`; None where the protocol cannot score a prompt
+        without changing what the server caches (vLLM serves requests asking for prompt log-probs uncached)."""
+        return None
+
     @abstractmethod
     async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
                        incremental: bool = False) -> Generation:

@@ -12,7 +12,7 @@ import aiohttp
 
 from harness.backends.base import Backend, ReplicaFailure, RequestError
 from harness.backends.sglang_probe import probe, server_info
-from harness.backends.sglang_wire import TOP_K, check_status, generate_payload, headers, parse_answer
+from harness.backends.sglang_wire import TOP_K, check_status, generate_payload, headers, parse_answer, window_payload
 from harness.backends.sse import DONE, sse_data, stream_timing
 from records.schema import Generation
 
@@ -174,6 +174,9 @@ class SGLangBackend(Backend):
 
     def payload(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:
         return generate_payload("", input_ids, max_new_tokens, stream)
+
+    def window_payload(self, input_ids: list[int], start: int) -> dict | None:
+        return window_payload(input_ids, start)
 
     async def generate(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout: float,
                        incremental: bool = False) -> Generation:

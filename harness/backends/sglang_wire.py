@@ -25,6 +25,26 @@ def generate_payload(rid: str, input_ids: list[int], max_new_tokens: int, stream
     }
 
 
+def window_payload(input_ids: list[int], start: int) -> dict:
+    """The /generate body of a restore-window probe (harness/window.py): the prompt again, one greedy token, and
+    the log-probs of the prompt tokens from `start` on, which SGLang computes by matching no deeper than `start`
+    (and the built-in engine as it does)."""
+    return {
+        "input_ids": input_ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True},
+        "return_logprob": True,
+        "logprob_start_len": start,
+        "stream": False,
+    }
+
+
+def _input_logprobs(meta: dict) -> list[float | None] | None:
+    entries = meta.get("input_token_logprobs")
+    if not isinstance(entries, list):
+        return None
+    return [None if not isinstance(e, list) or not e or e[0] is None else float(e[0]) for e in entries]
+
+
 def parse_answer(obj: dict, ttft: float | None, itl: float | None, e2e: float) -> Generation:
     """A Generation from one (final) SGLang answer object."""
     meta = obj.get("meta_info") or {}
@@ -54,6 +74,7 @@ def parse_answer(obj: dict, ttft: float | None, itl: float | None, e2e: float) -
         itl=itl,
         e2e=e2e,
         abort_message=abort,
+        input_logprobs=_input_logprobs(meta),
     )
 
 

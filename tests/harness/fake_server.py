@@ -88,7 +88,8 @@ class FakeServer:
             **({"tokenizer_path": a.tokenizer_path} if a.tokenizer_path else {"tokenizer": "byte"}),
         }
 
-    def cached_len(self, ids: list[int]) -> int:
+    def cached_len(self, ids: list[int], limit: int | None = None) -> int:
+        """The matched prefix at whole intervals, no deeper than `limit` (SGLang's logprob_start_len cap)."""
         if self.args.disable_radix_cache:
             return 0
         best = 0
@@ -100,10 +101,16 @@ class FakeServer:
                 n += 1
             best = max(best, n)
         interval = self.args.mamba_track_interval
-        return min(best, len(ids) - 1) // interval * interval
+        return min(best, len(ids) - 1, len(ids) if limit is None else limit) // interval * interval
+
+    def prompt_logprobs(self, ids: list[int], start: int, cached: int, fault: bool) -> list:
+        """SGLang's input_token_logprobs from `start`: null where the position before the token was cached (or
+        for the first token); a faulty restore moves the first 4 tokens past the checkpoint by 1."""
+        return [[None if p <= cached or p == 0 else TOP1_LOGPROB - (1.0 if fault and p <= cached + 4 else 0.0),
+                 ids[p], None] for p in range(start, len(ids))]
 
     def snapshot(self, rid: str, ids: list[int], out: list[int], cached: int, done: bool, n: int,
-                 top_k: int | None) -> dict:
+                 top_k: int | None, start: int = -1) -> dict:
         """An answer (or cumulative stream chunk) with SGLang's meta_info; logprobs only when asked for
         (`top_k` None: return_logprob off), at most --top-k-max of them per token."""
         meta = {
@@ -115,7 +122,10 @@ class FakeServer:
         if top_k is not None:
             k = min(top_k, self.args.top_k_max)
             meta.update({
-                "input_token_logprobs": [], "input_top_logprobs": [],  # logprob_start_len left at its default
+                # logprob_start_len: the prompt's from there (-1, its default: none)
+                "input_token_logprobs": self.prompt_logprobs(ids, start, cached, self.faulty(cached))
+                if start >= 0 else [],
+                "input_top_logprobs": [None] * (len(ids) - start) if start >= 0 else [],
                 "output_token_logprobs": [[TOP1_LOGPROB, t, None] for t in out],
                 "output_token_logprobs_length": len(out),
                 "output_top_logprobs": [
@@ -133,6 +143,10 @@ class FakeServer:
                 meta["spec_trace"] = trace
         text = "" if self.args.no_text else bytes(out).decode("latin-1")
         return {"text": text, "output_ids": list(out), "meta_info": meta}
+
+    def faulty(self, cached: int) -> bool:
+        """--inject-fault: a restore gives wrong tokens (and a moved restore window)."""
+        return bool(self.args.inject_fault) and cached > 0
 
     def _authorized(self, request: web.Request) -> bool:
         key = self.args.api_key
@@ -209,22 +223,23 @@ class FakeServer:
             if not body.get("stream"):
                 return json_response({"error": {"message": refused}}, status=400)
             return await self.stream_refusal(request, refused)
-        cached = self.cached_len(ids)
+        start = int(body.get("logprob_start_len", -1)) if top_k is not None else -1
+        cached = self.cached_len(ids, start if start >= 0 else None)
         self.cached_total += cached
-        out = fake_tokens(ids, n, fault=bool(self.args.inject_fault) and cached > 0)
+        out = fake_tokens(ids, n, fault=self.faulty(cached))
         self.running += 1
         try:
             if not body.get("stream"):
                 if self.args.token_delay:
                     await asyncio.sleep(self.args.token_delay * n)
                 self.cache.append(ids + out[:-1])
-                return json_response(self.snapshot(rid, ids, out, cached, True, n, top_k))
+                return json_response(self.snapshot(rid, ids, out, cached, True, n, top_k, start))
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
             for i in range(1, n + 1):
                 if self.args.token_delay:
                     await asyncio.sleep(self.args.token_delay)
-                chunk = self.snapshot(rid, ids, out[:i], cached, i == n, n, top_k)
+                chunk = self.snapshot(rid, ids, out[:i], cached, i == n, n, top_k, start)
                 if self.args.incremental:
                     chunk = incremental(chunk, i - 1)
                 await resp.write(b"data: " + compact(chunk) + b"\n\n")

@@ -93,7 +93,18 @@ def test_affinity_turn_building_and_reference_dedupe(tmp_path):
     # one reference per distinct input, for the whole run (both sweep points share them)
     hashes = {r["input_hash"] for r in cands}
     assert len(hashes) == 12 and sorted(r["input_hash"] for r in refs) == sorted(hashes)
-    assert len((tmp_path / "ref.rids").read_text().splitlines()) == 12
+    ref_rids = (tmp_path / "ref.rids").read_text().splitlines()
+    assert len([x for x in ref_rids if not x.endswith("/window-ref")]) == 12
+    # each restored turn's window probe: to its own replica, then to the reference (harness/window.py)
+    restored = [r for r in cands if r["cached_tokens"] > 0]
+    assert restored and sorted(x for x in ref_rids if x.endswith("/window-ref")) == sorted(
+        f"t:{r['key']}/window-ref" for r in restored)
+    for r in restored:
+        assert (r["window_start"], r["window_cached_tokens"]) == (r["cached_tokens"], r["cached_tokens"])
+        assert r["window_logprobs"] == r["window_ref_logprobs"] == [-0.05] * (r["input_len"] - r["cached_tokens"] - 1)
+        replica = r["replica_id"][-1]
+        assert f"t:{r['key']}/window" in (tmp_path / f"cand{replica}.rids").read_text().split()
+    assert all("window_start" not in r for r in cands if r["cached_tokens"] == 0)
     for r in refs:
         assert r["key"] == f"ref/{r['input_hash']}" and r["input_hash"] == input_hash(r["input_ids"])
         assert r["concurrency"] is None and r["interval"] is None and r["ttft"] is None
@@ -129,7 +140,9 @@ def test_failed_requests_are_resent_and_counted(tmp_path):
     # each replica fails its first request once; those two requests were re-sent
     assert progress.retries == 2 and sum(r["retries"] for r in cands) == 2
     rids = [x for k in range(2) for x in (tmp_path / f"cand{k}.rids").read_text().split()]
-    assert sum("#retry" in x for x in rids) == 2 and len(rids) == 16 + 2
+    probes = [x for x in rids if x.endswith("/window")]  # one per restored turn (harness/window.py)
+    assert len(probes) == sum(r["cached_tokens"] > 0 for r in cands) > 0
+    assert sum("#retry" in x for x in rids) == 2 and len(rids) - len(probes) == 16 + 2
 
 
 def test_pool_without_replicas_records_errors_and_skips_later_turns(tmp_path):

@@ -1,0 +1,85 @@
+"""The restore window: the prompt tokens a restored turn prefilled on top of its checkpoint, scored on both sides.
+
+A turn that resumed from a prefix-cache checkpoint at b (`cached_tokens`) prefills its prompt from b on with the
+restored linear state. A wrong state shows there first and most: measured on the built-in engine in bf16 (I =
+128, `track-off-by-one`), the log-probs of the prompt tokens just past b move by 0.4 to 6 where clean restores
+move them by at most 0.06, while the turn's output tokens come after the whole suffix is prefilled, where the
+error has partly decayed, and through verify steps whose numerics move them by 0.17 on a clean path. So after a
+restored turn the driver sends a probe (`window_fields`): the same input to the same replica with SGLang's
+`logprob_start_len = b` (the prompt tokens' log-probs from b on; SGLang and the built-in engine then match no
+deeper than b, so the probe restores the same checkpoint, and a request asking for the same thing re-inserts
+nothing new), and the same to the cold reference. The candidate record keeps both sides' log-probs of the
+prompt tokens b+1 .. len-1 (token b itself has none: the position before it was cached). The analyzer compares
+them (reports/window.py). Protocols that cannot score a prompt without changing what the server caches (vLLM
+serves a request that asks for prompt log-probs uncached) send no probe, and the report says so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from harness.pools import HarnessError, Pool
+from records.schema import Generation
+
+if TYPE_CHECKING:
+    from harness.driver import Driver
+
+# record fields the probe adds to a restored candidate turn (docs/records.md)
+WINDOW_FIELDS = ("window_start", "window_cached_tokens", "window_logprobs", "window_ref_logprobs", "window_error")
+
+
+def wants_window(gen: Generation | None, error: str | None, input_len: int) -> bool:
+    """A turn whose prompt tokens past its restored checkpoint can be scored: it answered, restored a
+    checkpoint, and has at least one prompt token after the first one past it."""
+    return gen is not None and error is None and 0 < gen.cached_tokens and input_len - gen.cached_tokens >= 2
+
+
+def scored(gen: Generation, input_len: int, start: int) -> list[float | None] | str:
+    """The log-probs of prompt tokens start+1 .. input_len-1 from a probe's answer, or why there are none."""
+    got = gen.input_logprobs
+    if got is None:
+        return "the server returned no input_token_logprobs"
+    if len(got) != input_len - start:
+        return f"the server returned {len(got)} prompt log-probs for the {input_len - start} tokens from {start}"
+    return list(got[1:])
+
+
+async def window_fields(driver: Driver, pool: Pool, point: str, index: int, ids: list[int], h: str, start: int,
+                        key: str) -> dict:
+    """The probe of a turn restored at `start` (module doc): the fields to add to its record ({} where a side's
+    protocol cannot probe). The prefix-cache hits the probe adds to its replica's counters are kept in
+    `driver.probe_hits` (pool, sweep point label, replica id), which the sweep point's stats leave out."""
+    payload = pool.backend.window_payload(ids, start)
+    ref_payload = driver.reference.backend.window_payload(ids, start)
+    if payload is None or ref_payload is None:
+        return {}
+    out: dict = {"window_start": start}
+    replica, gen, _, error = await driver.send(pool, index, payload, f"{key}/window")
+    if gen is None or error is not None:
+        return {**out, "window_error": f"candidate probe: {error}"}
+    out["window_cached_tokens"] = gen.cached_tokens
+    where = (pool.name, point, replica.replica_id)
+    driver.probe_hits[where] = driver.probe_hits.get(where, 0) + gen.cached_tokens
+    async with driver.ref_sem:
+        try:
+            _, ref, _, ref_error = await driver.send(driver.reference, int(h[:8], 16), ref_payload,
+                                                     f"{key}/window-ref")  # one per turn: never a running rid
+        except HarnessError as e:  # the reference pool is gone: its own requests stop the run
+            return {**out, "window_error": f"reference probe: {e}"}
+    if ref is None or ref_error is not None:
+        return {**out, "window_error": f"reference probe: {ref_error}"}
+    cand, refs = scored(gen, len(ids), start), scored(ref, len(ids), start)
+    for side, got in (("candidate", cand), ("reference", refs)):
+        if isinstance(got, str):
+            return {**out, "window_error": f"{side} probe: {got}"}
+    return {**out, "window_logprobs": cand, "window_ref_logprobs": refs}
+
+
+def without_probes(stats: dict, probe_hits: int) -> None:
+    """A sweep point's stats record (records/schema.py build_stats_record) with its replica's prefix-cache hits
+    less the ones its restore-window probes made (`probe_hits` tokens, kept as `window_probe_cached_tokens`): the
+    point's figure counts the workload's restores once."""
+    counters = stats.get("counters") or {}
+    if probe_hits and counters.get("cache_hit_tokens") is not None:
+        counters["cache_hit_tokens"] -= probe_hits
+    stats["window_probe_cached_tokens"] = probe_hits

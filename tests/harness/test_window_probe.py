@@ -1,0 +1,104 @@
+"""The restore-window probe (harness/window.py): what it sends, and what a restored turn's record gets."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+
+from harness.pools import HarnessError
+from harness.window import scored, wants_window, window_fields, without_probes
+from records.schema import Generation
+
+GEN = Generation(output_ids=[1], output_text="", output_logprobs=[-0.1], output_top_logprobs=[], cached_tokens=4,
+                 completion_tokens=1, finish_reason="length", spec_verify_ct=None, spec_accept_length=None,
+                 spec_trace=None, ttft=None, itl=None, e2e=0.1, input_logprobs=[None, -1.0, -2.0, -3.0])
+
+
+@dataclass
+class Backend:
+    probes: bool = True
+
+    def window_payload(self, ids, start):
+        return {"input_ids": ids, "logprob_start_len": start} if self.probes else None
+
+
+@dataclass
+class Pool:
+    name: str
+    backend: Backend = field(default_factory=Backend)
+
+
+@dataclass
+class Replica:
+    replica_id: str
+
+
+class Driver:
+    """What window_fields uses of a driver: send, the reference pool, its semaphore, probe_hits."""
+
+    def __init__(self, answers: dict, reference_probes: bool = True):
+        self.answers, self.sent, self.probe_hits = answers, [], {}
+        self.reference = Pool("reference", Backend(reference_probes))
+        self.ref_sem = asyncio.Semaphore(1)
+
+    async def send(self, pool, preferred, payload, key):
+        self.sent.append((pool.name, preferred, payload["logprob_start_len"], key))
+        answer = self.answers[pool.name]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def probe(driver, ids=(10, 11, 12, 13, 14, 15, 16, 17), start=4):
+    return asyncio.run(window_fields(driver, Pool("i128"), "c4", 3, list(ids), "abcdef0123", start, "i128-c4/s/1"))
+
+
+def test_a_restored_turn_is_probed_on_its_replica_and_on_the_reference_from_its_checkpoint():
+    ref = replace(GEN, cached_tokens=0, input_logprobs=[-0.5, -1.5, -2.5, -3.5])
+    driver = Driver({"i128": (Replica("i128-r1"), GEN, 0, None), "reference": (Replica("ref-r0"), ref, 0, None)})
+    assert probe(driver) == {"window_start": 4, "window_cached_tokens": 4, "window_logprobs": [-1.0, -2.0, -3.0],
+                             "window_ref_logprobs": [-1.5, -2.5, -3.5]}
+    assert driver.sent == [("i128", 3, 4, "i128-c4/s/1/window"),
+                           ("reference", 0xABCDEF01, 4, "i128-c4/s/1/window-ref")]
+    probe(driver)
+    assert driver.probe_hits == {("i128", "c4", "i128-r1"): 8}  # what the sweep point's stats leave out
+
+
+def test_a_probe_that_fails_says_where():
+    ok = (Replica("r"), GEN, 0, None)
+    cases = [
+        ({"i128": (Replica("r"), None, 0, "HTTP 400: bad"), "reference": ok}, "candidate probe: HTTP 400: bad"),
+        ({"i128": ok, "reference": (Replica("r"), None, 1, "timeout after 9s")}, "reference probe: timeout after 9s"),
+        ({"i128": ok, "reference": HarnessError("the reference pool cannot be served")},
+         "reference probe: the reference pool cannot be served"),
+        ({"i128": (Replica("r"), replace(GEN, input_logprobs=None), 0, None), "reference": ok},
+         "candidate probe: the server returned no input_token_logprobs"),
+        ({"i128": ok, "reference": (Replica("r"), replace(GEN, input_logprobs=[None, -1.0]), 0, None)},
+         "reference probe: the server returned 2 prompt log-probs for the 4 tokens from 4"),
+    ]
+    for answers, error in cases:
+        got = probe(Driver(answers))
+        assert got["window_error"] == error and got["window_start"] == 4 and "window_logprobs" not in got
+
+
+def test_no_probe_where_a_side_cannot_score_a_prompt_uncached():
+    driver = Driver({}, reference_probes=False)
+    assert probe(driver) == {} and driver.sent == []
+
+
+def test_which_turns_are_probed():
+    assert wants_window(GEN, None, 8)
+    assert not wants_window(GEN, "HTTP 500", 8) and not wants_window(None, None, 8)
+    assert not wants_window(replace(GEN, cached_tokens=0), None, 8)
+    assert not wants_window(GEN, None, 5) and wants_window(GEN, None, 6)  # a token past the first one past it
+    assert scored(GEN, 8, 4) == [-1.0, -2.0, -3.0]
+
+
+def test_the_stats_of_a_sweep_point_leave_the_probes_hits_out():
+    stats = {"counters": {"cache_hit_tokens": 300, "checkpoint_evictions": 2}}
+    without_probes(stats, 128)
+    assert stats == {"counters": {"cache_hit_tokens": 172, "checkpoint_evictions": 2},
+                     "window_probe_cached_tokens": 128}
+    unknown = {"counters": {"cache_hit_tokens": None}}
+    without_probes(unknown, 64)
+    assert unknown["counters"]["cache_hit_tokens"] is None and unknown["window_probe_cached_tokens"] == 64
