@@ -30,6 +30,7 @@ from reports.analyze_run import AnalyzedRun, analyze_run
 from reports.controls import BASELINE_POOL, controls_of, is_control
 from reports.envelope import DRIFT_FLOOR, ENVELOPE_FACTOR, LADDER, Envelope
 from reports.gate import GateThresholds
+from reports.window import WindowFact
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
@@ -69,6 +70,10 @@ class Calibration:
     # the drift envelope (reports/envelope.py): ENVELOPE_FACTOR x the controls' largest cumulative drift over the
     # first LADDER[k] outputs; None with --drift-tolerance or no control records
     envelope: tuple[float, ...] | None = None
+    # the restore window's limits (reports/window.py): DRIFT_FACTOR x the largest window drift of the controls'
+    # restored turns, and ENVELOPE_FACTOR x their window ladder sums; None: no control window was compared
+    window_tolerance: float | None = None
+    window_envelope: tuple[float, ...] | None = None
 
     def text(self) -> str:
         """One sentence for the report."""
@@ -82,9 +87,14 @@ class Calibration:
         envelope = (f", drift envelope {', '.join(f'{v:.3g}' for v in self.envelope[:5])} over the first "
                     f"{', '.join(map(str, LADDER[:5]))} outputs ({ENVELOPE_FACTOR:g}x the controls' summed drift)"
                     if self.envelope is not None else "")
+        window = (f", restore window tolerance {self.window_tolerance:.3g}"
+                  + (f" and envelope {', '.join(f'{v:.3g}' for v in self.window_envelope[:3])} over the first "
+                     f"{', '.join(map(str, LADDER[:3]))} prompt tokens past a restored checkpoint"
+                     if self.window_envelope is not None else "")
+                  if self.window_tolerance is not None else "")
         return (f"clean {what}, {self.requests} requests vs the reference): {drift}, {flips}; gate drift "
                 f"tolerance {self.drift_tolerance:.3g} ({self.tolerance_source}), margin threshold "
-                f"{self.margin_threshold:.3g}{restore}{envelope}")
+                f"{self.margin_threshold:.3g}{restore}{envelope}{window}")
 
 
 def _finite(values) -> list[float]:
@@ -144,6 +154,20 @@ def with_restore_tolerance(cal: Calibration, run: AnalyzedRun) -> Calibration:
     if not drifts:
         return cal
     return replace(cal, restore_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(drifts)))
+
+
+def with_window_limits(cal: Calibration, run: AnalyzedRun) -> Calibration:
+    """`cal` with the restore window's limits from its controls' compared windows in `run` (their restored turns'
+    `run.facts.window`); with --drift-tolerance the user's tolerance, no envelope. Unchanged without any."""
+    facts = [f for r in run.candidates if r.get("pool") in cal.controls
+             and isinstance(f := run.facts.window.get(r["key"]), WindowFact)]
+    if not facts:
+        return cal
+    if cal.tolerance_source != "calibrated":
+        return replace(cal, window_tolerance=cal.drift_tolerance)
+    env = Envelope.of([f.sums for f in facts])
+    return replace(cal, window_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(f.drift for f in facts)),
+                   window_envelope=env.limits if env is not None else None)
 
 
 def ladder_sums_by_pool(pools: set[str], run: AnalyzedRun) -> dict[str, list[tuple[float, ...]]]:
@@ -210,7 +234,8 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
         source_run, source_df = run, df[df["pool"].map(is_control)]
     cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run))
     sums = ladder_sums_by_pool({c for cal in cals.values() for c in cal.controls}, source_run)
-    cals = {p: with_envelope(with_restore_tolerance(c, source_run), sums) for p, c in cals.items()}
+    cals = {p: with_window_limits(with_envelope(with_restore_tolerance(c, source_run), sums), source_run)
+            for p, c in cals.items()}
     per_pool = {p: limits_of(c) for p, c in cals.items()}
     gated = [c for p, c in cals.items() if not is_control(p)]
     calibrated = gate

@@ -177,6 +177,7 @@ def _facts(tb, recs, cand, rside, has_ref, irregular, extras, fallback, facts: T
             if "spec_trace" in extras[i]:
                 accepted[i] = accepted_tokens(extras[i]["spec_trace"])
         facts.accepted[key] = accepted[i]
+        facts.add_window(key, extras[i])  # the probe's fields have no columns of their own
 
 
 def _inputs(tb, ks, recs, extras, absents, index, store, prompts) -> dict[int, object]:

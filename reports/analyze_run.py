@@ -36,6 +36,7 @@ from reports.analyze_batch import ORACLE_FIELDS, TOKENS, batch_rows
 from reports.facts import TokenFacts
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
 from reports.tree_shapes import request_shapes
+from reports.window import WINDOW_LISTS
 
 SCALARS = ["key", "run_id", "role", "pool", "engine", "interval", "concurrency", "replica_id", "node_id", "suite",
            "case", "case_id", "session_id", "turn", "input_hash", "input_len", "cached_tokens", "completion_tokens",
@@ -88,7 +89,7 @@ def _scalars(data: dict[str, list], i: int) -> dict:
             rec[name] = col[i]
     tokens = ORACLE_FIELDS | {"input_ids", "spec_trace"}
     for name, value in extra.items():  # fields with no column of their own (ttst, t_planned, ...)
-        if name not in data and name not in tokens:
+        if name not in data and name not in tokens and name not in WINDOW_LISTS:  # the window's: token pass
             rec[name] = value
     rec["_extra_keys"] = frozenset(extra) & tokens
     return rec

@@ -92,7 +92,9 @@ def path_numerics(df: pd.DataFrame, unshared: Collection[str] = ()) -> pd.Series
     own_max = df["pool"].map(own).astype(float)
     restored = drift & first & df["restored"] & own_max.notna() & (df["drift"] <= own_max)
     uncontrolled = df["pool"].astype(str).isin(set(unshared)) & df["class"].isin(FLAGGED)
-    return (unrestored | restored | uncontrolled).fillna(False).astype(bool)
+    # a restore window past its limits moved before any output, on the prefill path the reference shares
+    windowed = df["window_status"].eq("flagged") if "window_status" in df else pd.Series(False, index=df.index)
+    return ((unrestored | restored | uncontrolled) & ~windowed).fillna(False).astype(bool)
 
 
 def _unshared_line(pool: str, g: pd.DataFrame, cal: Mapping) -> str:

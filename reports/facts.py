@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from reports.envelope import ladder_sums
 from reports.oracle import compared_drifts
+from reports.window import WindowFact, window_fact
 
 
 def first_token_drift(cand: dict, ref: dict | None) -> float | None:
@@ -50,6 +51,14 @@ class TokenFacts:
     # of the pools asked for (`ladder_pools`), each answered candidate with an answered reference: the ladder
     # sums of the drifts the oracle compares (reports.envelope.ladder_sums of reports.oracle.compared_drifts)
     ladders: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    # each probed restored turn: its compared restore window, or why it was not compared (reports/window.py)
+    window: dict[str, WindowFact | str] = field(default_factory=dict)
+
+    def add_window(self, key: str, rec: Mapping) -> None:
+        """The restore window of `rec` (a candidate record, or its `_extra` fields), if it was probed."""
+        fact = window_fact(rec)
+        if fact is not None:
+            self.window[key] = fact
 
     def add_ladder(self, key: str, cand: dict, ref: dict | None) -> None:
         """The ladder sums of `cand` (a record of an asked-for pool) against `ref`, if both answered."""
@@ -69,6 +78,7 @@ class TokenFacts:
             if d is not None:
                 facts.first_drift[key] = d
             facts.accepted[key] = accepted_tokens(rec.get("spec_trace"))
+            facts.add_window(key, rec)
             if ladder_pools is not None and ladder_pools(str(rec.get("pool"))):
                 facts.add_ladder(key, rec, ref)
         return facts

@@ -49,6 +49,8 @@ def render_html(results: RunResults) -> str:
         parts.append(f"<h2>Calibration</h2><p>{html.escape(r.config['calibration']['text'])}.</p>")
     if r.config.get("paired"):  # reports/paired.py, with --baseline-run
         parts.append(f"<p>Paired check: {html.escape(r.config['paired'])}.</p>")
+    if r.config.get("windows"):  # reports/window.py: the restored turns' prompt tokens past their checkpoint
+        parts.append("<p>Restore windows: " + "<br>".join(html.escape(w) for w in r.config["windows"]) + ".</p>")
     parts += [floor_section(r.floor, _plot(r, "drift_floor")), boundaries_section(r.boundaries),
               coverage_section(r.coverage, _plot(r, "coverage"), r.tree_shapes), sweep_section(r.configs),
               latency_section(r.configs, _plot(r, "latency_load")), "<h2>Plots</h2>"]

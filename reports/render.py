@@ -36,6 +36,7 @@ from reports.plots import write_plots
 from reports.results import RunResults
 from reports.summary import render_summary
 from reports.tables import write_tables
+from reports.window import WindowLimits, unprobed_reason, window_lines, with_windows
 
 
 class NoRecordsError(RuntimeError):
@@ -71,6 +72,18 @@ def _restore_tolerances(config: dict) -> dict[str, float]:
     """Each calibrated pool's restore tolerance (harness/calibrate.py), where its controls restored anything."""
     pools = (config.get("calibration") or {}).get("per_pool") or {}
     return {p: float(c["restore_tolerance"]) for p, c in pools.items() if c.get("restore_tolerance") is not None}
+
+
+def _window_limits(config: dict, thresholds: GateThresholds) -> tuple[dict[str, WindowLimits], WindowLimits]:
+    """Each calibrated pool's restore-window limits (harness/calibrate.py; its drift tolerance where no control
+    window was compared), and the run's (its drift tolerance) for the others."""
+    pools = (config.get("calibration") or {}).get("per_pool") or {}
+    out = {}
+    for pool, c in pools.items():
+        tol = c.get("window_tolerance")
+        out[pool] = WindowLimits(float(c["drift_tolerance"] if tol is None else tol),
+                                 Envelope.from_json(c.get("window_envelope")))
+    return out, WindowLimits(thresholds.drift_tolerance)
 
 
 def _server_acceptance(run_dir: Path) -> dict[str, tuple[int, int]]:
@@ -165,8 +178,10 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
     config["incidents"] = load_incidents(run_dir)  # replica failures, shown by reports/incidents.py
 
-    df = run.df
-    if calibrated:  # before the tables, so that requests.csv and every table count them as the verdict does
+    # before the tables, so that requests.csv and every table count them as the verdict does
+    df = with_windows(run.df, run.facts.window, *_window_limits(config, thresholds))
+    config["windows"] = window_lines(df[~df["pool"].map(is_control)], unprobed_reason(config))
+    if calibrated:
         df = with_restore_onsets(df, run.facts.first_drift, _restore_tolerances(config))
         df = _with_paired(run_dir, df, config)
     tables = write_tables(df, run_dir, run.stats, run.candidates, run.shapes)

@@ -45,6 +45,8 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
         lines += [f"Calibration: {md_inline(config['calibration']['text'])}.", ""]
     if config.get("paired"):  # reports/paired.py, with --baseline-run
         lines += [f"Paired check: {md_inline(config['paired'])}.", ""]
+    if config.get("windows"):  # reports/window.py: the restored turns' prompt tokens past their checkpoint
+        lines += [f"Restore windows: {md_inline(w)}." for w in config["windows"]] + [""]
     lines += ["| requests | exact | drift | soft | hard | errors |", "|---|---|---|---|---|---|",
               f"| {verdict.requests} | {verdict.exact} | {verdict.drift} | {verdict.soft} | {verdict.hard} | "
               f"{verdict.errors} |", ""]

@@ -21,6 +21,7 @@ from reports.escape import csv_cell
 from reports.latency import LATENCY_COLUMNS, empty_latency, latency_by_point, parse_slo
 from reports.oracle import CLASSES, FLAGGED
 from reports.tree_shapes import SHAPE_COLUMNS, request_shapes, shapes_table
+from reports.window import WINDOW_COLUMNS
 
 # Boundary kinds, in report order (docs/reports.md says what offset and commit_len mean for each).
 BOUNDARY_KINDS = ("restored", "restored_verify", "restored_position", "restored_prefill", "crossed_verify",
@@ -190,7 +191,7 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates:
 
 def requests_table(df: pd.DataFrame) -> pd.DataFrame:
     """The requests frame as written to CSV (crossings as JSON)."""
-    out = df[REQUEST_COLUMNS].copy()
+    out = df[REQUEST_COLUMNS + [c for c in WINDOW_COLUMNS if c in df]].copy()
     out["crossings"] = out["crossings"].map(crossings_json)
     return out
 

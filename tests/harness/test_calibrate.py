@@ -203,3 +203,48 @@ def test_the_allowed_soft_rate_covers_the_spread_of_a_small_pool():
     assert allowed_soft_rate(6 / 148, 74) == pytest.approx(6 / 148 + 3 * (6 / 148 * (1 - 6 / 148) / 74) ** 0.5)
     assert allowed_soft_rate(0.2, 10_000) == pytest.approx(0.4)  # a large pool: twice the controls' rate
     assert allowed_soft_rate(0.0, 74) == 0.0  # controls that never flipped allow nothing beyond --max-soft-rate
+
+
+def _windowed(recs: list[dict], moves: list[float]) -> list[dict]:
+    """`recs` with each candidate restored at 32 and probed: window token i of candidate s moved by moves[s] (the
+    reference's log-probs -1.0 each)."""
+    cands = [r for r in recs if r["role"] == "candidate"]
+    for r, move in zip(cands, moves, strict=True):
+        n = r["input_len"] - 33
+        r.update(cached_tokens=32, window_start=32, window_cached_tokens=32, window_ref_logprobs=[-1.0] * n,
+                 window_logprobs=[-1.0 - move] * n)
+    return recs
+
+
+def test_the_restore_window_is_judged_by_the_cache_controls_windows(tmp_path):
+    """A restored turn whose prompt moved past its checkpoint fails the gate though its outputs are exact: the
+    window's limits come from the clean cache-only control's own windows (4x their largest move; 3x their sums)."""
+    cache = _windowed(_pool("ctl-i128-cache", 0.01, speculative=False), [0.001, 0.002, 0.004])
+    cand = _windowed(_pool("i128", 0.0), [0.0, 0.01, 0.2])
+    run = _run(tmp_path, "r", [cand, _pool("ctl-i128-spec", 0.02, radix=False), cache])
+    gate, per_pool = calibrated_gate(run, GateThresholds(), tolerance_given=False)
+    cal = json.loads((run / "config.json").read_text())["calibration"]["per_pool"]["i128"]
+    assert cal["window_tolerance"] == pytest.approx(4 * 0.004, rel=1e-4)
+    assert cal["window_envelope"][:2] == pytest.approx([3 * 0.004, 3 * 4 * 0.004], rel=1e-4)
+    verdict = render_run(run, gate, per_pool)
+    rows = pd.read_csv(run / "requests.csv")
+    cand = rows[rows["pool"] == "i128"].sort_values("session_id")
+    assert list(cand["class"]) == ["exact", "exact", "drift"]
+    assert list(cand["window_status"]) == ["compared", "compared", "flagged"]
+    assert cand["detail"].iloc[2] == ("prompt log-prob drift 0.2 at prompt token 33 (1 past the restored checkpoint "
+                                      "32) > window tolerance 0.016")
+    assert cand["onset_points_at"].iloc[2] == "restored_checkpoint"
+    assert verdict.exit_code == 1 and verdict.headline.startswith("FAIL: 0 hard mismatches, 1 drift")
+    summary = (run / "summary.md").read_text()
+    assert ("Restore windows: pool i128: 3 of 3 restored turn(s) compared on their restore window, 1 past its "
+            "limits.") in summary
+    assert render_run(run).headline == verdict.headline  # re-rendered from config.json alone
+
+
+def test_an_uncalibrated_run_judges_the_window_by_its_drift_tolerance(tmp_path):
+    cand = _windowed(_pool("i128", 0.0), [0.0, 0.0005, 0.002])
+    run = _run(tmp_path, "r", [cand])
+    verdict = render_run(run)  # fp32: the 1e-3 tolerance
+    rows = pd.read_csv(run / "requests.csv").sort_values("session_id")
+    assert list(rows["window_status"]) == ["compared", "compared", "flagged"]
+    assert verdict.headline.startswith("FAIL: 0 hard mismatches, 1 drift")
