@@ -85,8 +85,9 @@ class Executor:
 
 def scored_from(req: GenerateRequest, start: int, end: int) -> int | None:
     """The first position of the extend [start, end) whose logits score a prompt token the request asks about
-    (prompt token p + 1 from position p, from its logprob_start_len on); None if none does."""
+    (prompt token p + 1 from position p, for p from its logprob_start_len L on: as in SGLang, token L itself is
+    never scored, its position before L being outside what it asked for); None if none does."""
     if not req.scores_prompt:
         return None
-    first = max(start, req.logprob_start_len - 1, 0)
+    first = max(start, req.logprob_start_len)
     return first if first < min(end, len(req.input_ids) - 1) else None

@@ -67,9 +67,9 @@ class GenerateOutput:
     output_logprobs: list[float] = field(default_factory=list)
     # per generated token: top-k (logprob, token_id), best first
     output_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
-    # prompt tokens from the request's logprob_start_len on (GenerateRequest.scores_prompt): the log-prob of each
-    # under the logits of the position before it; None where that position was not computed (the first prompt
-    # token, or tokens at or before the restored checkpoint: the cache covered the position before them)
+    # prompt tokens from the request's logprob_start_len L on (GenerateRequest.scores_prompt): the log-prob of each
+    # under the logits of the position before it; None for token L itself, whose position before lies before L
+    # (SGLang's entry 0, always None)
     input_logprobs: list[float | None] = field(default_factory=list)
     input_top_logprobs: list[list[tuple[float, int]]] = field(default_factory=list)
     cached_tokens: int = 0

@@ -9,7 +9,7 @@ restored turn the driver sends a probe (`window_fields`): the same input to the 
 `logprob_start_len = b` (the prompt tokens' log-probs from b on; SGLang and the built-in engine then match no
 deeper than b, so the probe restores the same checkpoint, and a request asking for the same thing re-inserts
 nothing new), and the same to the cold reference. The candidate record keeps both sides' log-probs of the
-prompt tokens b+1 .. len-1 (token b itself has none: the position before it was cached). The analyzer compares
+prompt tokens b+1 .. len-1 (token b itself has none, as in SGLang: entry 0 is always null). The analyzer compares
 them (reports/window.py). Protocols that cannot score a prompt without changing what the server caches (vLLM
 serves a request that asks for prompt log-probs uncached) send no probe, and the report says so.
 """

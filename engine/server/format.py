@@ -62,8 +62,7 @@ def logprob_entry(lp: float, token_id: int, with_text: bool) -> list:
 
 def input_logprob_entries(out: GenerateOutput, req, with_text: bool) -> dict:
     """SGLang's `input_token_logprobs` (`[logprob or null, token_id, text-or-null]` per prompt token from
-    logprob_start_len on; null where the position before it was not computed) and `input_top_logprobs` (null
-    there, [] without top_logprobs_num)."""
+    logprob_start_len on; null for the first, as SGLang) and `input_top_logprobs` (null there)."""
     ids = req.input_ids[req.logprob_start_len:]
     tokens = [[None if lp is None else finite(lp), t, token_str(t) if with_text else None]
               for lp, t in zip(out.input_logprobs, ids, strict=True)]

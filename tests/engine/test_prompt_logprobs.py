@@ -37,7 +37,8 @@ def test_a_cold_prompt_is_scored_from_its_start_and_the_first_token_has_no_log_p
             assert out.input_logprobs[p] == pytest.approx(top[ids[p]], abs=1e-4)
         assert [t for _, t in out.input_top_logprobs[p]] == [t for _, t in alone.output_top_logprobs[0]]
     late = e.generate([scoring("c", ids, 60)])[0]
-    assert len(late.input_logprobs) == 30 and late.input_logprobs[0] == pytest.approx(out.input_logprobs[60], abs=1e-5)
+    assert len(late.input_logprobs) == 30 and late.input_logprobs[0] is None  # as SGLang: token L is never scored
+    assert late.input_logprobs[1:] == pytest.approx(out.input_logprobs[61:], abs=1e-5)
 
 
 def test_the_match_is_capped_at_the_start_so_every_asked_position_is_computed():
@@ -49,7 +50,7 @@ def test_the_match_is_capped_at_the_start_so_every_asked_position_is_computed():
     assert at.cached_tokens == 64 and at.input_logprobs[0] is None  # position 63 was the checkpoint's
     assert all(v is not None for v in at.input_logprobs[1:]) and len(at.input_logprobs) == len(ids) - 64
     below = e.generate([scoring("below", ids, 40)])[0]
-    assert below.cached_tokens == 0 and all(v is not None for v in below.input_logprobs)  # no checkpoint <= 40
+    assert below.cached_tokens == 0 and all(v is not None for v in below.input_logprobs[1:])  # no checkpoint <= 40
     unasked = e.generate([GenerateRequest("x", tuple(ids), SamplingParams(max_new_tokens=1), return_logprob=False,
                                           logprob_start_len=10)])[0]
     assert unasked.cached_tokens == 64 and unasked.input_logprobs == []  # SGLang: no log-probs, no cap

@@ -160,8 +160,8 @@ def test_session_second_turn_hits_cache_and_flush_resets_it(server):
 
 
 def test_prompt_log_probs_from_logprob_start_len_match_no_deeper(server):
-    """SGLang's input_token_logprobs: one [logprob, id, text] per prompt token from logprob_start_len (null where
-    the position before it was cached), the match capped at the start; streamed, once, with the first tokens."""
+    """SGLang's input_token_logprobs: one [logprob, id, text] per prompt token from logprob_start_len (null for the
+    first), the match capped at the start; streamed, once, with the first tokens."""
     server.flush()
     turn1_ids = [(7 * i) % 200 + 32 for i in range(150)]
     t1 = server.generate(input_ids=turn1_ids, sampling_params={"max_new_tokens": 20, "ignore_eos": True})
@@ -178,7 +178,7 @@ def test_prompt_log_probs_from_logprob_start_len_match_no_deeper(server):
     assert all(isinstance(e[0], float) and e[0] <= 0 for e in entries[1:])
     assert all(len(t) == 2 and t[0][0] >= t[1][0] for t in tops[1:])
     below = server.generate(**dict(body, logprob_start_len=100))["meta_info"]
-    assert below["cached_tokens"] == 0 and below["input_token_logprobs"][0][0] is not None  # no checkpoint <= 100
+    assert below["cached_tokens"] == 0 and below["input_token_logprobs"][0][0] is None  # no checkpoint <= 100
     cold = [e[0] for e in below["input_token_logprobs"][29:]]  # the same tokens, prefilled from the start
     assert cold == pytest.approx([e[0] for e in entries[1:]], abs=1e-4)
     chunks = stream(server, body)
