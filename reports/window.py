@@ -34,7 +34,7 @@ class WindowFact:
     each window token compared (window index i = prompt token start + 1 + i)."""
 
     start: int
-    diffs: np.ndarray  # [n] float64
+    diffs: np.ndarray  # [n] float32: held for every probed turn of a run, so half the bytes of float64
 
     @property
     def n(self) -> int:
@@ -80,7 +80,7 @@ def window_fact(rec: Mapping) -> WindowFact | str | None:
         return diffs
     if not diffs:
         return "no window token was scored on both sides"
-    return WindowFact(int(rec["window_start"]), np.asarray(diffs, dtype=np.float64))
+    return WindowFact(int(rec["window_start"]), np.asarray(diffs, dtype=np.float32))
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The paired check end to end (reports/paired.py): a bf16 fault that bf16's own noise hides from the controls'
 limits, caught against a trusted run of the same command.
 
-`track-off-by-one` in bf16 moves a restored turn by no more than bf16 numerics move a clean one: with the
-controls alone the gate flags about a third of the turns it affects (docs/reports.md). At concurrency 1 the
+`track-off-by-one` in bf16 moves a restored turn's outputs by no more than bf16 numerics move a clean one: the
+output oracle flags about a third of the turns it affects, their restore windows (reports/window.py) all but the
+two whose prompt moved as little as clean numerics (docs/reports.md). At concurrency 1 the
 built-in engine is deterministic, so every turn that restored nothing equals its trusted twin bit for bit and every
 restore the fault moved is flagged: exactly the turns that restored a verify-crossed checkpoint.
 """
@@ -36,8 +37,11 @@ def test_a_bf16_restore_fault_is_caught_against_a_trusted_run(tmp_path):
     flagged = set(df.loc[df["class"].isin(["drift", "hard"]), "key"])
     affected = set(df.loc[df["restored_verify_crossed"].fillna(False).astype(bool), "key"])
     assert len(affected) == 30 and flagged == affected
-    moved = df[df["detail"].fillna("").str.startswith("moved from the trusted run")]
-    assert len(moved) >= 15  # measured 19: the turns only the paired check sees (the controls' limits pass them)
+    moved = set(df.loc[df["detail"].fillna("").str.startswith("moved from the trusted run"), "key"])
+    windowed = set(df.loc[df["window_status"] == "flagged", "key"])
+    # most are flagged by their restore window (reports/window.py) before the pairing looks at them; the paired
+    # check sees the turns whose window moved as little as clean numerics (measured 2)
+    assert len(windowed) >= 25 and moved and moved <= affected - windowed
     summary = (run_dir / "summary.md").read_text()
     assert ("1 sweep point(s) served deterministically (every turn that restored nothing equal to its twin bit for "
             "bit): 37 restored turn(s) judged against their twins, ") in summary
