@@ -103,6 +103,39 @@ def _token_grid(cand: dict, ref: dict, p: int, decode, tolerance: float | None) 
     return f'<div class="scroll"><table class="tok">{body}</table></div>'
 
 
+def _window_grid(row: dict, cand: dict, decode) -> str:
+    """The restore window around where it passed its limits: per prompt token past the restored checkpoint, the
+    candidate's and the reference's log-prob (harness/window.py, reports/window.py)."""
+    start, onset = value_or_none(row.get("window_start")), value_or_none(row.get("window_onset_pos"))
+    c_lp, r_lp = cand.get("window_logprobs") or [], cand.get("window_ref_logprobs") or []
+    ids = cand.get("input_ids") or []
+    if start is None or onset is None or not c_lp or len(c_lp) != len(r_lp):
+        return ""
+    start, onset = int(start), int(onset)
+    first = start + 1  # window index i is prompt position start + 1 + i
+    idx = [p for p in range(max(first, onset - WINDOW), onset + WINDOW + 1) if p - first < len(c_lp)]
+
+    def num(v):
+        return f"{v:.3f}" if isinstance(v, (int, float)) else ""
+
+    def diff(p):
+        a, b = c_lp[p - first], r_lp[p - first]
+        d = abs(a - b) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+        return f'<td class="{"first" if p == onset else ""}">{d:.1e}</td>' if d is not None else "<td></td>"
+
+    rows = [("prompt position", "".join(f"<th>{p}</th>" for p in idx))]
+    if decode is not None and ids:
+        rows.append(("token", "".join(f"<td>{esc(token_label(ids[p] if p < len(ids) else None, decode))}</td>"
+                                      for p in idx)))
+    rows += [("candidate log-prob", "".join(f"<td>{num(c_lp[p - first])}</td>" for p in idx)),
+             ("reference log-prob", "".join(f"<td>{num(r_lp[p - first])}</td>" for p in idx)),
+             ("difference", "".join(diff(p) for p in idx))]
+    body = "".join(f'<tr><th class="l">{esc(name)}</th>{cells}</tr>' for name, cells in rows)
+    return (f"<p><b>Restore window</b> (prompt tokens past the restored checkpoint {start}, scored on the candidate "
+            f"and the reference): it passed its limits at prompt token {onset}</p>"
+            f'<div class="scroll"><table class="tok">{body}</table></div>')
+
+
 def _text_diff(cand: list[int], ref: list[int], p: int, decode) -> str:
     if decode is None:
         return ""
@@ -143,6 +176,8 @@ def case_card(row: dict, cand: dict, ref: dict | None, tolerance: float | None =
         parts.append("<p>spec_trace: not reported by the engine</p>")
     if cls != "error":
         parts.append(f"<p><b>Log-probs:</b> {esc(drift_text(row))}</p>")
+    if row.get("window_status") == "flagged":
+        parts.append(_window_grid(row, cand, _decoder(cand.get("tokenizer"))))
     p = value_or_none(row["first_divergence"])
     onset = value_or_none(row["drift_onset"])
     at = p if p is not None else onset

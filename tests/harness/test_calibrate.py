@@ -238,6 +238,10 @@ def test_the_restore_window_is_judged_by_the_cache_controls_windows(tmp_path):
     summary = (run / "summary.md").read_text()
     assert ("Restore windows: pool i128: 3 of 3 restored turn(s) compared on their restore window, 1 past its "
             "limits.") in summary
+    page = (run / "report.html").read_text()  # the flagged case shows its window: both sides' log-probs per token
+    assert ("<b>Restore window</b> (prompt tokens past the restored checkpoint 32, scored on the candidate and the "
+            "reference): it passed its limits at prompt token 33") in page
+    assert "<td>-1.200</td>" in page and '<td class="first">2.0e-01</td>' in page
     assert render_run(run).headline == verdict.headline  # re-rendered from config.json alone
 
 
