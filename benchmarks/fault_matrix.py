@@ -8,8 +8,9 @@ the bf16 gate flagged, what it flagged outside them, and how many were flagged b
 (`track-dropped-on-batch-change`) they are the bf16 run's own turns that restored a verify crossing its engine did
 not copy, since its batches are not the fp32 run's. Runs already in RUNS_DIR are reused with --reuse.
 
-    python benchmarks/fault_matrix.py [--intervals 128] [--concurrency 4] [--seed 0] [--faults a,b]
-                                      [--runs-dir runs/fault-matrix] [--reuse] [-- extra harness.run flags]
+    python benchmarks/fault_matrix.py [--intervals 128] [--concurrency 4] [--seed 0] [--clean-seeds 0,1,2]
+                                      [--faults a,b] [--runs-dir runs/fault-matrix] [--reuse]
+                                      [-- extra harness.run flags]
 """
 
 from __future__ import annotations
@@ -65,8 +66,7 @@ def affected(fault: str | None, fp32: pd.DataFrame, bf16: pd.DataFrame) -> set[s
     return set(fp32.loc[fp32["class"].isin(FLAGGED), "key"])
 
 
-def row(runs: Path, fault: str | None) -> dict:
-    name = fault or "clean"
+def row(runs: Path, fault: str | None, name: str) -> dict:
     bf16_dir = runs / f"bf16-{name}"
     bf16 = gated(bf16_dir)
     fp32 = gated(runs / f"fp32-{name}") if fault else bf16.iloc[:0]
@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intervals", default="128")
     parser.add_argument("--concurrency", default="4")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clean-seeds", default=None, help="comma-separated seeds of the clean bf16 runs "
+                        "(default: --seed)")
     parser.add_argument("--faults", default="all", help="comma-separated fault names, or all")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "fault-matrix")
     parser.add_argument("--reuse", action="store_true", help="keep runs already in RUNS_DIR")
@@ -93,18 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; registered: {', '.join(FAULTS)}")
-    base = ["--intervals", args.intervals, "--concurrency", args.concurrency, "--seed", str(args.seed), *args.extra]
+    base = ["--intervals", args.intervals, "--concurrency", args.concurrency, *args.extra]
     args.runs_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for fault in [None, *faults]:
-        name = fault or "clean"
+    seeds = [int(x) for x in (args.clean_seeds or str(args.seed)).split(",")]
+    for fault, seed in [(None, s) for s in seeds] + [(f, args.seed) for f in faults]:
+        name = fault or ("clean" if seeds == [args.seed] else f"clean-s{seed}")
         fault_args = ["--inject-fault", fault, *FAULT_ARGS.get(fault, [])] if fault else []
+        flags = [*base, "--seed", str(seed), *fault_args]
         if fault:
-            code, took = run(args.runs_dir, f"fp32-{name}", base + fault_args, args.reuse)
+            code, took = run(args.runs_dir, f"fp32-{name}", flags, args.reuse)
             print(f"fp32 {name}: exit {code} in {took:.0f}s", file=sys.stderr, flush=True)
-        code, took = run(args.runs_dir, f"bf16-{name}", base + ["--dtype", "bfloat16"] + fault_args, args.reuse)
+        code, took = run(args.runs_dir, f"bf16-{name}", [*flags, "--dtype", "bfloat16"], args.reuse)
         print(f"bf16 {name}: exit {code} in {took:.0f}s", file=sys.stderr, flush=True)
-        rows.append(row(args.runs_dir, fault))
+        rows.append({**row(args.runs_dir, fault, name), "seconds": round(took)})
         print(rows[-1], file=sys.stderr, flush=True)
     print(f"intervals {args.intervals}, concurrency {args.concurrency}, seed {args.seed}")
     cols = list(rows[0])
