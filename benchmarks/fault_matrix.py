@@ -1,12 +1,19 @@
 """Each registered fault in bf16 against the turns it affects: the figures of docs/reports.md's fault table.
 
 For every fault it runs the same command twice, in fp32 (the exact target) and in bf16 (calibrated against the
-controls), plus a clean bf16 run, and prints per fault: the bf16 verdict, the affected turns and how many of them
-the bf16 gate flagged, what it flagged outside them, and how many were flagged by their restore window
-(reports/window.py). The affected turns are the ones the exact fp32 oracle flags in the fp32 run of the same fault
-(every structural fault acts on the same turns in both dtypes); for a fault that depends on batch timing
-(`track-dropped-on-batch-change`) they are the bf16 run's own turns that restored a verify crossing its engine did
-not copy, since its batches are not the fp32 run's. Runs already in RUNS_DIR are reused with --reuse.
+controls), plus clean bf16 runs, and prints per fault: the bf16 verdict; the affected turns and how many the bf16
+gate flagged; the resolvable ones among them and how many were flagged; what it flagged outside them (and how
+many of those restored another checkpoint than in the fp32 run: batch timing); how many were flagged by their
+restore window (reports/window.py).
+
+The affected turns are the ones the exact fp32 oracle flags in the fp32 run of the same fault (every structural
+fault acts on the same turns in both dtypes); for a fault that depends on batch timing
+(`track-dropped-on-batch-change`) they are the bf16 run's own turns that restored a verify crossing its engine
+did not copy, since its batches are not the fp32 run's. An affected turn is resolvable when the fault's own
+effect on it (its drift in the fp32 run, where numerics move log-probs by ~1e-5) exceeds what bf16 numerics alone
+moved in the clean runs (their largest window and output drift): below that no oracle against the cold path can
+tell the fault from numerics, only a deterministic twin (--baseline-run at concurrency 1, reports/paired.py).
+Runs already in RUNS_DIR are reused with --reuse.
 
     python benchmarks/fault_matrix.py [--intervals 128] [--concurrency 4] [--seed 0] [--clean-seeds 0,1,2]
                                       [--faults a,b] [--runs-dir runs/fault-matrix] [--reuse]
@@ -66,17 +73,46 @@ def affected(fault: str | None, fp32: pd.DataFrame, bf16: pd.DataFrame) -> set[s
     return set(fp32.loc[fp32["class"].isin(FLAGGED), "key"])
 
 
-def row(runs: Path, fault: str | None, name: str) -> dict:
+def noise(runs: Path, clean: list[str]) -> tuple[float, float]:
+    """The largest window and output drift bf16 numerics alone made in the clean runs' gated turns: what a fault's
+    effect must exceed to be told from numerics without a deterministic twin."""
+    dfs = [gated(runs / f"bf16-{name}") for name in clean]
+    window = max((float(df["window_drift"].max()) for df in dfs if "window_drift" in df), default=0.0)
+    output = max(float(df["drift"].max()) for df in dfs)
+    return window, output
+
+
+def row(runs: Path, fault: str | None, name: str, floor: tuple[float, float]) -> dict:
+    """One fault's figures (module doc). `floor`: noise(); an affected turn whose own effect (its fp32 drift, of
+    its window or its outputs: fp32 numerics move them by ~1e-5) stays within it is below bf16's resolution."""
     bf16_dir = runs / f"bf16-{name}"
     bf16 = gated(bf16_dir)
     fp32 = gated(runs / f"fp32-{name}") if fault else bf16.iloc[:0]
     hit = affected(fault, fp32, bf16)
     flagged = set(bf16.loc[bf16["class"].isin(FLAGGED), "key"])
-    window = set(bf16.loc[bf16.get("window_status", pd.Series(dtype=object)).eq("flagged")
-                          & bf16["class"].isin(FLAGGED), "key"]) if "window_status" in bf16 else set()
-    return {"fault": name, "verdict": headline(bf16_dir), "affected": len(hit),
-            "flagged_affected": len(flagged & hit), "share": f"{len(flagged & hit) / len(hit):.0%}" if hit else "",
-            "flagged_outside": len(flagged - hit), "window_flagged": len(window & hit)}
+    window = set(bf16.loc[bf16["window_status"].eq("flagged") & bf16["class"].isin(FLAGGED), "key"]) \
+        if "window_status" in bf16 else set()
+    if fault in TIMING_FAULTS or not len(fp32):
+        resolvable = hit
+    else:
+        f = fp32.set_index("key")
+        effect = f["window_drift"].fillna(0.0).clip(lower=0) if "window_drift" in f else 0.0
+        big = f[(effect > floor[0]) | (f["drift"].fillna(0.0) > floor[1])]
+        resolvable = hit & set(big.index)
+    # a turn flagged outside the fp32 run's set that restored another checkpoint there (batch timing) is not
+    # comparable with it
+    cached = fp32.set_index("key")["cached_tokens"] if len(fp32) else pd.Series(dtype=float)
+    outside = flagged - hit
+    other_restore = {k for k in outside if k in cached.index
+                     and cached[k] != bf16.set_index("key").loc[k, "cached_tokens"]}
+
+    def share(a: set, b: set) -> str:
+        return f"{len(a)}/{len(b)} ({len(a) / len(b):.0%})" if b else ""
+
+    return {"fault": name, "verdict": headline(bf16_dir), "affected flagged": share(flagged & hit, hit),
+            "resolvable flagged": share(flagged & resolvable, resolvable),
+            "outside": len(outside), "outside, restored otherwise than in fp32": len(other_restore),
+            "by the window": len(window & hit)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,20 +133,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; registered: {', '.join(FAULTS)}")
     base = ["--intervals", args.intervals, "--concurrency", args.concurrency, *args.extra]
     args.runs_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, done = [], []
     seeds = [int(x) for x in (args.clean_seeds or str(args.seed)).split(",")]
+    clean = ["clean" if seeds == [args.seed] else f"clean-s{seed}" for seed in seeds]
     for fault, seed in [(None, s) for s in seeds] + [(f, args.seed) for f in faults]:
-        name = fault or ("clean" if seeds == [args.seed] else f"clean-s{seed}")
+        name = fault or clean[seeds.index(seed)]
         fault_args = ["--inject-fault", fault, *FAULT_ARGS.get(fault, [])] if fault else []
         flags = [*base, "--seed", str(seed), *fault_args]
         if fault:
             code, took = run(args.runs_dir, f"fp32-{name}", flags, args.reuse)
             print(f"fp32 {name}: exit {code} in {took:.0f}s", file=sys.stderr, flush=True)
         code, took = run(args.runs_dir, f"bf16-{name}", [*flags, "--dtype", "bfloat16"], args.reuse)
-        print(f"bf16 {name}: exit {code} in {took:.0f}s", file=sys.stderr, flush=True)
-        rows.append({**row(args.runs_dir, fault, name), "seconds": round(took)})
-        print(rows[-1], file=sys.stderr, flush=True)
-    print(f"intervals {args.intervals}, concurrency {args.concurrency}, seed {args.seed}")
+        print(f"bf16 {name}: exit {code} in {took:.0f}s: {headline(args.runs_dir / f'bf16-{name}')}",
+              file=sys.stderr, flush=True)
+        done.append((fault, name))
+    floor = noise(args.runs_dir, clean)
+    for fault, name in done:
+        rows.append(row(args.runs_dir, fault, name, floor))
+    print(f"intervals {args.intervals}, concurrency {args.concurrency}, seed {args.seed}; bf16 clean noise: window "
+          f"drift up to {floor[0]:.3g}, output drift up to {floor[1]:.3g}")
     cols = list(rows[0])
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
