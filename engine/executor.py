@@ -39,8 +39,9 @@ class Executor:
     def _extend(self, chunk: PrefillChunk) -> ReqResult:
         r = chunk.req
         first = scored_from(r.req, chunk.start, chunk.end)
+        scoring = {} if first is None else {"logits_from": first}
         logits = self.runner.extend(list(r.prompt[chunk.start : chunk.end]), chunk.start, r.pages, r.working_slot,
-                                    chunk.track_slot, chunk.track_offset, -1 if first is None else first)
+                                    chunk.track_slot, chunk.track_offset, **scoring)
         prompt_scores = []
         if first is not None:  # rows [first, end): row p scores prompt token p + 1 (the last row: the output)
             k = r.req.top_logprobs_num

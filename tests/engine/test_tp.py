@@ -76,6 +76,23 @@ def test_tp2_speculative_radix_sessions_match_tp1(pair):
         assert outs[0][2] > 0
 
 
+def test_tp2_scores_a_restored_prompt_as_tp1(pair):
+    """logprob_start_len under TP: the ranks replay the extend that returns every scored position's logits."""
+    from engine.io_struct import GenerateRequest, SamplingParams
+
+    one, two = pair(speculative_algorithm="DFLASH")
+    ids = prompt(60, seed=77)
+    scored = []
+    for e in (one, two):
+        o1 = e.generate([req("w1", ids, 20)])[0]
+        turn = tuple(ids) + tuple(o1.output_ids) + SUFFIX
+        probe = GenerateRequest("w2", turn, SamplingParams(max_new_tokens=1), return_logprob=True, logprob_start_len=64)
+        scored.append(e.generate([probe])[0])
+    assert scored[0].cached_tokens == scored[1].cached_tokens == 64
+    assert scored[0].input_logprobs[0] is None and scored[1].input_logprobs[0] is None
+    assert scored[1].input_logprobs[1:] == pytest.approx(scored[0].input_logprobs[1:], abs=1e-4)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
