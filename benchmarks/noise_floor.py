@@ -9,7 +9,9 @@ pool (the candidates `i<I>`, the --diagnose pools, the calibration's controls `c
   (chunked prefill vs decode vs verify, bf16 rounding), the floor a tolerance must clear;
 * restored: requests with `cached_tokens > 0`: count, min / median / p99 / max drift, how many
   changed a token, split by whether the restored checkpoint was taken inside a verify step
-  (`restored_verify_crossed`, the #37817 class).
+  (`restored_verify_crossed`, the #37817 class);
+* restore window: restored turns' `window_drift` (the largest |candidate - reference| log-prob of the prompt
+  tokens past their checkpoint, docs/reports.md "Restore windows"): what numerics alone move there.
 
 p99 is the nearest-rank percentile (the smallest value at or above 99% of the values).
 
@@ -47,8 +49,8 @@ def load(run_dir: str) -> list[dict]:
     return rows
 
 
-def _stats(rows: list[dict]) -> str:
-    d = [r["drift"] for r in rows]
+def _stats(rows: list[dict], field: str = "drift") -> str:
+    d = [r[field] for r in rows]
     classes = defaultdict(int)
     for r in rows:
         classes[r["class"]] += 1
@@ -71,6 +73,14 @@ def report(rows: list[dict], group_keys: tuple[str, ...]) -> list[str]:
             lines.append(f"  {' '.join(key):24s} {_stats(groups[key])}")
         if not groups:
             lines.append("  (none)")
+    windows = defaultdict(list)  # the restore window (reports/window.py): prompt tokens past the checkpoint
+    for r in rows:
+        if r.get("window_drift") not in (None, ""):
+            windows[tuple(r[k] for k in group_keys)].append({**r, "window_drift": float(r["window_drift"])})
+    if windows:
+        lines.append(f"== restore window (window_drift of restored turns), by {', '.join(group_keys)}")
+        for key in sorted(windows, key=lambda k: tuple(int(x) if x.isdigit() else x for x in k)):
+            lines.append(f"  {' '.join(key):24s} {_stats(windows[key], 'window_drift')}")
     restored = [r for r in rows if r["cached_tokens"] > 0]
     for crossed in ("True", "False"):
         part = [r for r in restored if r.get("restored_verify_crossed") == crossed]
