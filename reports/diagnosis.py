@@ -156,7 +156,8 @@ def _undiagnosed(df: pd.DataFrame, table: pd.DataFrame) -> Diagnosis:
         linked = (f"{len(position)} restored a checkpoint the previous turn crossed (position-linked; whether inside "
                   "a verify step: unknown, the engine does not report verify steps)")
     evidence = [f"{len(flagged)} flagged request(s); {len(restored)} of them restored a checkpoint ({len(first)} "
-                f"left the reference from their first output token, {linked})", *evidence,
+                f"left the reference at it: in their prompt past it or from their first output token, {linked})",
+                *evidence,
                 "run with --diagnose to add speculation-only and cache-only pools and tell speculation, caching "
                 "and their interplay apart"]
     if len(restored) == len(flagged):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 import pandas as pd
 
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
+from reports.window import WINDOW_DETAIL
 
 EXIT_PASS = 0
 EXIT_GATE_FAILED = 1
@@ -125,7 +126,10 @@ def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexerc
     if hard > t.max_hard:
         reasons.append(f"{hard} hard mismatches > allowed {t.max_hard}")
     if drift > t.max_drift:
-        reasons.append(f"{drift} requests with log-prob drift (same tokens, drift > {t.drift_tolerance:g}) > "
+        windowed = int((df["class"].eq("drift") & df["detail"].fillna("").str.startswith(WINDOW_DETAIL)).sum()) \
+            if "detail" in df else 0
+        how = f"; {windowed} by their prompt past the restored checkpoint, the restore window" if windowed else ""
+        reasons.append(f"{drift} requests with log-prob drift (same tokens, drift > {t.drift_tolerance:g}{how}) > "
                        f"allowed {t.max_drift}")
     if errors > t.max_errors:
         reasons.append(f"{errors} request errors > allowed {t.max_errors}")

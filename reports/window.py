@@ -114,8 +114,8 @@ def with_windows(df: pd.DataFrame, facts: Mapping[str, WindowFact | str], limits
                  default: WindowLimits) -> pd.DataFrame:
     """`df` with the window columns (WINDOW_COLUMNS) and its restored rows whose window passes their pool's limits
     (`limits`, else `default`) flagged: exact becomes drift, soft becomes hard (drift before the flip), detail
-    the window's; `onset_points_at` the restored checkpoint. `facts`: key -> WindowFact, or why a probed turn's
-    window was not compared. Idempotent."""
+    the window's (a row its outputs flagged keeps their detail); `onset_points_at` the restored checkpoint.
+    `facts`: key -> WindowFact, or why a probed turn's window was not compared. Idempotent."""
     if not len(df):
         return df.assign(**{c: pd.Series(dtype=object) for c in WINDOW_COLUMNS})
     cols: dict[str, list] = {c: [] for c in (*WINDOW_COLUMNS, "class", "detail", "onset_points_at")}
@@ -129,11 +129,10 @@ def with_windows(df: pd.DataFrame, facts: Mapping[str, WindowFact | str], limits
             start, n, drift = fact.start, fact.n, fact.drift
             flag = window_flag(fact, limits.get(str(row["pool"]), default))
             status = "compared"
-            if flag is not None:
-                status, onset_pos = "flagged", fact.position(flag[0])
+            if flag is not None:  # the state was wrong from the restore, whatever the outputs showed later
+                status, onset_pos, points = "flagged", fact.position(flag[0]), "restored_checkpoint"
                 if cls in ("exact", "soft"):
                     cls, detail = ("drift" if cls == "exact" else "hard"), flag[1]
-                    points = "restored_checkpoint"
         for c, v in zip((*WINDOW_COLUMNS, "class", "detail", "onset_points_at"),
                         (start, n, drift, onset_pos, status, cls, detail, points), strict=True):
             cols[c].append(v)

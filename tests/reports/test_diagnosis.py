@@ -82,9 +82,9 @@ def test_without_diagnose_pools_the_attribution_is_summarised():
                + [{**restored, "onset_points_at": "decode"}] + [{}])
     d = diagnose(df)
     assert d.subsystem == "undiagnosed" and d.headline.startswith("The evidence points at the restored checkpoints")
-    assert d.evidence[0] == ("4 flagged request(s); 4 of them restored a checkpoint (3 left the reference from their "
-                             "first output token, 4 restored a checkpoint that the previous turn crossed inside a "
-                             "verify step)")
+    assert d.evidence[0] == ("4 flagged request(s); 4 of them restored a checkpoint (3 left the reference at it: in "
+                             "their prompt past it or from their first output token, 4 restored a checkpoint that the "
+                             "previous turn crossed inside a verify step)")
     mixed = diagnose(frame([restored, {"class": "hard", "onset_points_at": "decode"}]))
     assert mixed.headline == ("1 flagged request(s) restored nothing: not only the cache is implicated; --diagnose "
                               "would tell which subsystem.")

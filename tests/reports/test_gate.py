@@ -75,6 +75,9 @@ def test_drift_counts_like_hard_by_default():
     v = evaluate(drift_frame(exact=90, drift=10))
     assert (v.passed, v.exit_code, v.drift, v.hard, v.flagged) == (False, 1, 10, 0, 10)
     assert v.reasons == ["10 requests with log-prob drift (same tokens, drift > 0.001) > allowed 0"]
+    windowed = drift_frame(exact=90, drift=10).assign(detail=[None] * 93 + ["prompt log-prob drift 2.1 at ..."] * 7)
+    assert evaluate(windowed).reasons == ["10 requests with log-prob drift (same tokens, drift > 0.001; 7 by their "
+                                          "prompt past the restored checkpoint, the restore window) > allowed 0"]
     assert v.headline == "FAIL: 0 hard mismatches, 10 drift (10/100 requests), 0 errors, 0 soft (0.0%)"
     assert evaluate(drift_frame(exact=90, drift=10), GateThresholds(max_drift=10)).passed
     both = evaluate(drift_frame(exact=1, drift=2, hard=3))
