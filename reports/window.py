@@ -70,7 +70,9 @@ def window_diffs(rec: Mapping) -> list[float] | str | None:
     cand, ref = rec.get("window_logprobs"), rec.get("window_ref_logprobs")
     if not isinstance(cand, list) or not isinstance(ref, list) or len(cand) != len(ref):
         return "the probe's two sides scored different token counts"
-    return [abs(float(a) - float(b)) for a, b in zip(cand, ref, strict=True) if a is not None and b is not None]
+    # a token one side did not score counts as unmoved, so that index i stays prompt token start + 1 + i
+    return [abs(float(a) - float(b)) if a is not None and b is not None else 0.0 for a, b in zip(cand, ref,
+                                                                                                  strict=True)]
 
 
 def window_fact(rec: Mapping) -> WindowFact | str | None:
@@ -78,7 +80,8 @@ def window_fact(rec: Mapping) -> WindowFact | str | None:
     diffs = window_diffs(rec)
     if not isinstance(diffs, list):
         return diffs
-    if not diffs:
+    if not diffs or not any(a is not None and b is not None for a, b in zip(rec["window_logprobs"],
+                                                                            rec["window_ref_logprobs"], strict=True)):
         return "no window token was scored on both sides"
     return WindowFact(int(rec["window_start"]), np.asarray(diffs, dtype=np.float32))
 
@@ -168,5 +171,8 @@ def window_lines(df: pd.DataFrame, unprobed: str) -> list[str]:
         if len(missing):
             line += (f"; {len(missing)} not compared ({str(missing.iloc[0])[len('not compared: '):]}"
                      + (", ..." if len(missing) > 1 else "") + ")")
+        if status.isna().any():  # harness/window.py wants_window: no second prompt token past the checkpoint
+            line += (f"; {int(status.isna().sum())} with no window to probe (at most one prompt token past the "
+                     "checkpoint)")
         out.append(line)
     return out

@@ -31,7 +31,7 @@ def probed(start=128, cand=(-1.0, -2.0, -3.0), ref=(-1.0, -2.5, -3.0), cached=No
 def test_window_diffs_compare_only_a_probe_that_restored_the_turns_checkpoint():
     assert window_diffs({"cached_tokens": 128}) is None  # no probe
     assert window_diffs(probed()) == [0.0, 0.5, 0.0]
-    assert window_diffs(probed(cand=(-1.0, None, -3.5))) == [0.0, 0.5]  # a token one side did not score
+    assert window_diffs(probed(cand=(-1.0, None, -3.5))) == [0.0, 0.0, 0.5]  # a token one side did not score
     assert window_diffs(probed(cached=64)) == ("the probe restored 64 tokens, not the turn's 128: the checkpoint "
                                                "changed in between")
     assert window_diffs(probed(error="candidate probe: HTTP 400: no")) == "probe failed: candidate probe: HTTP 400: no"
@@ -99,11 +99,12 @@ def test_a_flagged_window_is_never_path_numerics():
 
 
 def test_window_lines_say_per_pool_what_was_compared_and_why_not():
-    df = pd.DataFrame({"pool": ["i128"] * 4 + ["i256"] * 2, "restored": [True, True, True, False, True, False],
-                       "window_status": ["flagged", "compared", "not compared: probe failed: x", None, None, None]})
+    df = pd.DataFrame({"pool": ["i128"] * 5 + ["i256"] * 2, "restored": [True, True, True, True, False, True, False],
+                       "window_status": ["flagged", "compared", "not compared: probe failed: x", None, None, None,
+                                         None]})
     assert window_lines(df, "--no-restore-window") == [
-        "pool i128: 2 of 3 restored turn(s) compared on their restore window, 1 past its limits; 1 not compared "
-        "(probe failed: x)",
+        "pool i128: 2 of 4 restored turn(s) compared on their restore window, 1 past its limits; 1 not compared "
+        "(probe failed: x); 1 with no window to probe (at most one prompt token past the checkpoint)",
         "pool i256: no restore window compared (1 restored turn(s) judged on their outputs alone: "
         "--no-restore-window)"]
     assert unprobed_reason({"no_restore_window": True}) == "--no-restore-window"
