@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from harness.driver import Driver
 
 # record fields the probe adds to a restored candidate turn (docs/records.md)
-WINDOW_FIELDS = ("window_start", "window_cached_tokens", "window_logprobs", "window_ref_logprobs", "window_error")
+WINDOW_FIELDS = ("window_start", "window_cached_tokens", "window_logprobs", "window_ref_logprobs", "window_error",
+                 "window_retries")
 
 
 def wants_window(gen: Generation | None, error: str | None, input_len: int) -> bool:
@@ -53,8 +54,9 @@ async def window_fields(driver: Driver, pool: Pool, point: str, index: int, ids:
     ref_payload = driver.reference.backend.window_payload(ids, start)
     if payload is None or ref_payload is None:
         return {}
-    out: dict = {"window_start": start}
-    replica, gen, _, error = await driver.send(pool, index, payload, f"{key}/window")
+    out: dict = {"window_start": start, "window_retries": 0}
+    replica, gen, retries, error = await driver.send(pool, index, payload, f"{key}/window")
+    out["window_retries"] += retries
     if gen is None or error is not None:
         return {**out, "window_error": f"candidate probe: {error}"}
     out["window_cached_tokens"] = gen.cached_tokens
@@ -62,10 +64,11 @@ async def window_fields(driver: Driver, pool: Pool, point: str, index: int, ids:
     driver.probe_hits[where] = driver.probe_hits.get(where, 0) + gen.cached_tokens
     async with driver.ref_sem:
         try:
-            _, ref, _, ref_error = await driver.send(driver.reference, int(h[:8], 16), ref_payload,
-                                                     f"{key}/window-ref")  # one per turn: never a running rid
+            _, ref, retries, ref_error = await driver.send(driver.reference, int(h[:8], 16), ref_payload,
+                                                           f"{key}/window-ref")  # one per turn: never a running rid
         except HarnessError as e:  # the reference pool is gone: its own requests stop the run
             return {**out, "window_error": f"reference probe: {e}"}
+    out["window_retries"] += retries
     if ref is None or ref_error is not None:
         return {**out, "window_error": f"reference probe: {ref_error}"}
     cand, refs = scored(gen, len(ids), start), scored(ref, len(ids), start)

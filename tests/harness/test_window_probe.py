@@ -56,8 +56,8 @@ def probe(driver, ids=(10, 11, 12, 13, 14, 15, 16, 17), start=4):
 def test_a_restored_turn_is_probed_on_its_replica_and_on_the_reference_from_its_checkpoint():
     ref = replace(GEN, cached_tokens=0, input_logprobs=[-0.5, -1.5, -2.5, -3.5])
     driver = Driver({"i128": (Replica("i128-r1"), GEN, 0, None), "reference": (Replica("ref-r0"), ref, 0, None)})
-    assert probe(driver) == {"window_start": 4, "window_cached_tokens": 4, "window_logprobs": [-1.0, -2.0, -3.0],
-                             "window_ref_logprobs": [-1.5, -2.5, -3.5]}
+    assert probe(driver) == {"window_start": 4, "window_retries": 0, "window_cached_tokens": 4,
+                             "window_logprobs": [-1.0, -2.0, -3.0], "window_ref_logprobs": [-1.5, -2.5, -3.5]}
     assert driver.sent == [("i128", 3, 4, "i128-c4/s/1/window"),
                            ("reference", 0xABCDEF01, 4, "i128-c4/s/1/window-ref")]
     probe(driver)
@@ -68,7 +68,8 @@ def test_a_probe_that_fails_says_where():
     ok = (Replica("r"), GEN, 0, None)
     cases = [
         ({"i128": (Replica("r"), None, 0, "HTTP 400: bad"), "reference": ok}, "candidate probe: HTTP 400: bad"),
-        ({"i128": ok, "reference": (Replica("r"), None, 1, "timeout after 9s")}, "reference probe: timeout after 9s"),
+        ({"i128": (Replica("r"), GEN, 2, None), "reference": (Replica("r"), None, 1, "timeout after 9s")},
+         "reference probe: timeout after 9s"),
         ({"i128": ok, "reference": HarnessError("the reference pool cannot be served")},
          "reference probe: the reference pool cannot be served"),
         ({"i128": (Replica("r"), replace(GEN, input_logprobs=None), 0, None), "reference": ok},
@@ -79,6 +80,7 @@ def test_a_probe_that_fails_says_where():
     for answers, error in cases:
         got = probe(Driver(answers))
         assert got["window_error"] == error and got["window_start"] == 4 and "window_logprobs" not in got
+    assert probe(Driver(dict(cases[1][0])))["window_retries"] == 3  # a re-sent probe says so, both sides summed
 
 
 def test_no_probe_where_a_side_cannot_score_a_prompt_uncached():
