@@ -165,7 +165,10 @@ def _point_shapes(recs: list[dict], ids_of: Loader) -> list[dict]:
         depth, splits, inside = trie.walk(ids[:-1]) if len(ids) > 1 else (0, [], False)
         own = [q for q in sessions[r.get("session_id")] if q["t_start"] < r["t_start"]]
         sibling = d > 0 and not any(np.array_equal(seqs[id(q)][:d], ids[:d]) for q in own)
-        designed = (r.get("case") or {}).get("tree_shapes") or []
+        # a pool without a prefix cache (a speculation-only control or --diagnose pool) cannot reach a shape its
+        # case was designed for: the design is not its to miss
+        caching = (r.get("engine") or {}).get("radix_cache") is not False
+        designed = ((r.get("case") or {}).get("tree_shapes") or []) if caching else []
         turn = r.get("turn")
         rows.append({"key": r["key"], "interval": r.get("interval"), "concurrency": r.get("concurrency"),
                      "shape": _shape(d, depth, splits, inside), "sibling": sibling, "branch": depth,

@@ -113,6 +113,17 @@ def test_table_says_what_the_design_missed():
     assert shapes_table(request_shapes([]), pd.DataFrame()).empty
 
 
+def test_a_pool_without_a_prefix_cache_has_no_design_to_miss():
+    """A speculation-only control serves the same sessions with the radix cache off: it restores nothing, and its
+    requests' designed shapes are not counted as missed (they were counted in every calibrated run's report)."""
+    uncached = _fan(t3_start=7.0)
+    for r in uncached:
+        r.update(pool="ctl-i256-spec", key=r["key"].replace("i256-", "ctl-i256-spec-"), cached_tokens=0)
+        r["engine"]["radix_cache"] = False
+    t = shapes_table(request_shapes(_fan() + uncached), pd.DataFrame({"key": [], "class": []}))
+    assert list(t["designed"]) == list(t["designed_reached"]) == [1, 1, 1, 0]  # checkpoint, split, deeper, sibling
+
+
 def test_a_branch_the_request_only_continues_is_not_a_split():
     """Turn 1 continues its own turn 0, which left a stem at 30; it restored 16, so the cache held at most 16 of
     turn 0's tokens (or turn 1 would have restored more): no split at 30, the match went into the stem's edge."""
