@@ -143,10 +143,12 @@ def with_windows(df: pd.DataFrame, facts: Mapping[str, WindowFact | str], limits
 
 
 def unprobed_reason(config: Mapping) -> str:
-    """Why a run's restored turns have no restore window, from its config.json."""
-    if config.get("no_restore_window"):
+    """Why a run's restored turns have no restore window, from its config.json (the run's settings are under
+    `run_config`)."""
+    settings = {**config, **(config.get("run_config") or {})}
+    if settings.get("no_restore_window"):
         return "--no-restore-window"
-    if config.get("backend") == "openai" or config.get("engine") == "vllm":
+    if settings.get("backend") == "openai" or settings.get("engine") == "vllm":
         return ("the OpenAI protocol cannot score a prompt without changing what the server caches (vLLM serves a "
                 "request asking for prompt log-probs uncached), so no probe is sent")
     return "no probe answered (or a run from before the probe)"

@@ -86,3 +86,7 @@ def test_vllm_llama_with_ngram_speculation_and_prefix_caching_passes(vllm_python
     delta = next(iter(counters["vllm"].values()))["delta"]
     assert delta["vllm:spec_decode_num_accepted_tokens_total"] > 0 and delta["vllm:prefix_cache_hits_total"] > 0
     assert "accept rate" in proc.stdout and "calibration: clean baseline" in proc.stdout
+    # no restore-window probe over the OpenAI protocol (vLLM would serve it uncached), and the report says so
+    assert all("window_start" not in r for r in records)
+    assert ("judged on their outputs alone: the OpenAI protocol cannot score a prompt without changing what the "
+            "server caches") in (run_dir / "summary.md").read_text()

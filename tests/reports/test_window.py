@@ -107,8 +107,10 @@ def test_window_lines_say_per_pool_what_was_compared_and_why_not():
         "(probe failed: x); 1 with no window to probe (at most one prompt token past the checkpoint)",
         "pool i256: no restore window compared (1 restored turn(s) judged on their outputs alone: "
         "--no-restore-window)"]
-    assert unprobed_reason({"no_restore_window": True}) == "--no-restore-window"
-    assert unprobed_reason({"engine": "vllm"}).startswith("the OpenAI protocol cannot score a prompt")
+    assert unprobed_reason({"run_config": {"no_restore_window": True}}) == "--no-restore-window"
+    assert unprobed_reason({"run_config": {"engine": "vllm", "backend": "openai"}}).startswith(
+        "the OpenAI protocol cannot score a prompt")
+    assert unprobed_reason({"run_config": {"engine": "builtin", "backend": "openai"}}).startswith("the OpenAI")
     assert unprobed_reason({"backend": "sglang"}) == "no probe answered (or a run from before the probe)"
 
 
