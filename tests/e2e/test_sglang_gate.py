@@ -72,6 +72,12 @@ def test_sglang_llama_with_the_radix_cache_passes_against_the_cold_reference(tmp
     assert all(isinstance(r["cached_tokens"], int) for r in records)
     second = [r for r in records if r["turn"] == 1]
     assert all(r["cached_tokens"] > 0 for r in second)  # turn 1 extends turn 0: a real radix hit
+    # the restore-window probe on a real SGLang: logprob_start_len at the checkpoint restores it again, and the
+    # prompt past it scores as the reference's prefill does (fp32: to float rounding)
+    for r in second:
+        assert (r["window_start"], r["window_cached_tokens"]) == (r["cached_tokens"], r["cached_tokens"]), r["key"]
+        assert len(r["window_logprobs"]) == len(r["window_ref_logprobs"]) == r["input_len"] - r["cached_tokens"] - 1
+        assert max(abs(a - b) for a, b in zip(r["window_logprobs"], r["window_ref_logprobs"], strict=True)) < 1e-3
     refs = _transformers_continuations(python, model, frozen, tmp_path)
     for r in (r for r in records if r["turn"] == 0):  # SGLang's radix-cache path emits transformers' greedy tokens,
         hf = refs[tuple(r["input_ids"])]  # up to a near-tie (top-1/top-2 gap < 1e-3 nats, 100x the fp32 noise)
