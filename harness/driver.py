@@ -27,7 +27,7 @@ from harness.driver_warmup import recorded_keys, run_warmup
 from harness.pools import HarnessError, Pool, Replica
 from harness.progress import Progress
 from harness.refstore import Recorded, RefDone, as_recorded, as_ref_done, continued, records_io
-from harness.window import wants_window, window_fields, without_probes
+from harness.window import RefWindows, wants_window, window_fields, without_probes
 from records.jsonl import RecordFiles
 from records.rundir import REFERENCE_FILE, candidate_file, input_hash
 from records.schema import POINTS_FILE, STATS_FILE, Generation, build_record, point_key, point_record_key, reference_key
@@ -49,6 +49,7 @@ class Driver:
         self.run_id, self.points = run_id, sweep(concurrency, request_rate, arrival)
         self.windows = windows  # probe each restored turn's restore window (harness/window.py)
         self.probe_hits: dict[tuple[str, str, str], int] = {}  # (pool, point label, replica) -> probes' cached tokens
+        self.ref_windows = RefWindows()  # the reference's restore-window probes, one per input and checkpoint
         self.seed, self.warmup, self.duration, self.max_error_rate = seed, warmup, duration, max_error_rate
         self.candidates, self.reference = candidates, reference
         self.files, self.http, self.progress = files, http, progress
@@ -108,6 +109,7 @@ class Driver:
         await asyncio.wait({work, self.fatal}, return_when=asyncio.FIRST_COMPLETED)
         if self.fatal.done():
             work.cancel()
+            self.ref_windows.cancel()
             await asyncio.gather(work, return_exceptions=True)
             raise self.fatal.exception()
         await work

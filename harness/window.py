@@ -8,14 +8,19 @@ error has partly decayed, and through verify steps whose numerics move them by 0
 restored turn the driver sends a probe (`window_fields`): the same input to the same replica with SGLang's
 `logprob_start_len = b` (the prompt tokens' log-probs from b on; SGLang and the built-in engine then match no
 deeper than b, so the probe restores the same checkpoint, and a request asking for the same thing re-inserts
-nothing new), and the same to the cold reference. The candidate record keeps both sides' log-probs of the
-prompt tokens b+1 .. len-1 (token b itself has none, as in SGLang: entry 0 is always null). The analyzer compares
-them (reports/window.py). Protocols that cannot score a prompt without changing what the server caches (vLLM
-serves a request that asks for prompt log-probs uncached) send no probe, and the report says so.
+nothing new), and the same to the cold reference, once per input and checkpoint for the run (`RefWindows`: the
+pools and sweep points of an interval restore the same checkpoints, so one reference probe serves them all; sent
+per turn, the reference probes prefilled 3.6 times what the references themselves did on the default sweep). The
+candidate record keeps both sides' log-probs of the prompt tokens b+1 .. len-1 (token b itself has none, as in
+SGLang: entry 0 is always null). The analyzer compares them (reports/window.py). Protocols that cannot score a
+prompt without changing what the server caches (vLLM serves a request that asks for prompt log-probs uncached)
+send no probe, and the report says so.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from harness.pools import HarnessError, Pool
@@ -62,20 +67,55 @@ async def window_fields(driver: Driver, pool: Pool, point: str, index: int, ids:
     out["window_cached_tokens"] = gen.cached_tokens
     where = (pool.name, point, replica.replica_id)
     driver.probe_hits[where] = driver.probe_hits.get(where, 0) + gen.cached_tokens
-    async with driver.ref_sem:
-        try:
-            _, ref, retries, ref_error = await driver.send(driver.reference, int(h[:8], 16), ref_payload,
-                                                           f"{key}/window-ref")  # one per turn: never a running rid
-        except HarnessError as e:  # the reference pool is gone: its own requests stop the run
-            return {**out, "window_error": f"reference probe: {e}"}
-    out["window_retries"] += retries
-    if ref is None or ref_error is not None:
-        return {**out, "window_error": f"reference probe: {ref_error}"}
-    cand, refs = scored(gen, len(ids), start), scored(ref, len(ids), start)
+    task, mine = driver.ref_windows.task(h, start, lambda: _reference_probe(driver, ref_payload, ids, h, start, key))
+    try:
+        refs, retries = task.result() if task.done() else await asyncio.shield(task)
+    except HarnessError as e:  # the reference pool is gone: its own requests stop the run
+        return {**out, "window_error": f"reference probe: {e}"}
+    out["window_retries"] += retries if mine else 0  # the re-sends of a shared probe are the record's that sent it
+    cand = scored(gen, len(ids), start)
     for side, got in (("candidate", cand), ("reference", refs)):
         if isinstance(got, str):
             return {**out, "window_error": f"{side} probe: {got}"}
     return {**out, "window_logprobs": cand, "window_ref_logprobs": refs}
+
+
+async def _reference_probe(driver: Driver, payload: dict, ids: list[int], h: str, start: int, key: str
+                           ) -> tuple[list[float | None] | str, int]:
+    """The reference's log-probs of the prompt tokens past `start` (or why there are none), and its re-sends."""
+    async with driver.ref_sem:
+        _, ref, retries, error = await driver.send(driver.reference, int(h[:8], 16), payload, f"{key}/window-ref")
+    if ref is None or error is not None:
+        return str(error), retries
+    return scored(ref, len(ids), start), retries
+
+
+class RefWindows:
+    """The reference probes of a run by (input hash, checkpoint): one request serves every restored turn of that
+    input and checkpoint, in any pool or sweep point. A probe that failed is dropped, so a later turn sends its
+    own; `keep` bounds what is held (a dropped answer is asked again, never lost)."""
+
+    def __init__(self, keep: int = 4096) -> None:
+        self.keep = keep
+        self.tasks: OrderedDict[tuple[str, int], asyncio.Task] = OrderedDict()
+
+    def task(self, h: str, start: int, probe) -> tuple[asyncio.Task, bool]:
+        """The probe of (h, start), and whether this call started it (`probe()` makes its coroutine)."""
+        key = (h, start)
+        got = self.tasks.get(key)
+        if got is not None and not (got.done() and (got.cancelled() or got.exception() is not None
+                                                     or isinstance(got.result()[0], str))):
+            self.tasks.move_to_end(key)
+            return got, False
+        got = self.tasks[key] = asyncio.ensure_future(probe())
+        while len(self.tasks) > self.keep:
+            self.tasks.popitem(last=False)
+        return got, True
+
+    def cancel(self) -> None:
+        """Stop the probes still in flight (the run is stopping)."""
+        for task in self.tasks.values():
+            task.cancel()
 
 
 def without_probes(stats: dict, probe_hits: int) -> None:

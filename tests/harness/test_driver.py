@@ -95,10 +95,14 @@ def test_affinity_turn_building_and_reference_dedupe(tmp_path):
     assert len(hashes) == 12 and sorted(r["input_hash"] for r in refs) == sorted(hashes)
     ref_rids = (tmp_path / "ref.rids").read_text().splitlines()
     assert len([x for x in ref_rids if not x.endswith("/window-ref")]) == 12
-    # each restored turn's window probe: to its own replica, then to the reference (harness/window.py)
+    # each restored turn's window probe: to its own replica, then to the reference (harness/window.py), there
+    # once per input and checkpoint: both sweep points' turns restore the same ones
     restored = [r for r in cands if r["cached_tokens"] > 0]
-    assert restored and sorted(x for x in ref_rids if x.endswith("/window-ref")) == sorted(
-        f"t:{r['key']}/window-ref" for r in restored)
+    windows = {(r["input_hash"], r["window_start"]) for r in restored}
+    by_key = {r["key"]: r for r in restored}
+    sent = [by_key[x.removeprefix("t:").removesuffix("/window-ref")] for x in ref_rids if x.endswith("/window-ref")]
+    assert len(restored) == 2 * len(windows) == 12 and sorted((r["input_hash"], r["window_start"]) for r in sent) \
+        == sorted(windows)
     for r in restored:
         assert (r["window_start"], r["window_cached_tokens"]) == (r["cached_tokens"], r["cached_tokens"])
         assert r["window_logprobs"] == r["window_ref_logprobs"] == [-0.05] * (r["input_len"] - r["cached_tokens"] - 1)

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field, replace
 
 from harness.pools import HarnessError
-from harness.window import scored, wants_window, window_fields, without_probes
+from harness.window import RefWindows, scored, wants_window, window_fields, without_probes
 from records.schema import Generation
 
 GEN = Generation(output_ids=[1], output_text="", output_logprobs=[-0.1], output_top_logprobs=[], cached_tokens=4,
@@ -34,10 +34,10 @@ class Replica:
 
 
 class Driver:
-    """What window_fields uses of a driver: send, the reference pool, its semaphore, probe_hits."""
+    """What window_fields uses of a driver: send, the reference pool, its semaphore, probe_hits, ref_windows."""
 
     def __init__(self, answers: dict, reference_probes: bool = True):
-        self.answers, self.sent, self.probe_hits = answers, [], {}
+        self.answers, self.sent, self.probe_hits, self.ref_windows = answers, [], {}, RefWindows()
         self.reference = Pool("reference", Backend(reference_probes))
         self.ref_sem = asyncio.Semaphore(1)
 
@@ -49,8 +49,8 @@ class Driver:
         return answer
 
 
-def probe(driver, ids=(10, 11, 12, 13, 14, 15, 16, 17), start=4):
-    return asyncio.run(window_fields(driver, Pool("i128"), "c4", 3, list(ids), "abcdef0123", start, "i128-c4/s/1"))
+def probe(driver, ids=(10, 11, 12, 13, 14, 15, 16, 17), start=4, pool="i128", key="i128-c4/s/1"):
+    return asyncio.run(window_fields(driver, Pool(pool), "c4", 3, list(ids), "abcdef0123", start, key))
 
 
 def test_a_restored_turn_is_probed_on_its_replica_and_on_the_reference_from_its_checkpoint():
@@ -62,6 +62,34 @@ def test_a_restored_turn_is_probed_on_its_replica_and_on_the_reference_from_its_
                            ("reference", 0xABCDEF01, 4, "i128-c4/s/1/window-ref")]
     probe(driver)
     assert driver.probe_hits == {("i128", "c4", "i128-r1"): 8}  # what the sweep point's stats leave out
+
+
+def test_one_reference_probe_serves_every_turn_of_an_input_and_checkpoint():
+    ref = replace(GEN, cached_tokens=0, input_logprobs=[-0.5, -1.5, -2.5, -3.5])
+    answers = {"i128": (Replica("i128-r1"), GEN, 0, None), "ctl-i128-cache": (Replica("ctl-r0"), GEN, 0, None),
+               "reference": (Replica("ref-r0"), ref, 2, None)}
+    driver = Driver(answers)
+    first = probe(driver)
+    again = probe(driver, pool="ctl-i128-cache", key="ctl-i128-cache-c4/s/1")
+    assert first["window_retries"] == 2 and again["window_retries"] == 0  # re-sends belong to the one that sent
+    assert again["window_ref_logprobs"] == first["window_ref_logprobs"] == [-1.5, -2.5, -3.5]
+    assert [s[0] for s in driver.sent] == ["i128", "reference", "ctl-i128-cache"]
+    answers["reference"] = (Replica("ref-r0"), replace(ref, input_logprobs=[-0.7, -1.7, -2.7, -3.7, -4.7]), 0, None)
+    probe(driver, start=3)  # another checkpoint of the same input: its own probe
+    assert driver.sent[-1] == ("reference", 0xABCDEF01, 3, "i128-c4/s/1/window-ref")
+    five = (Replica("r"), replace(GEN, input_logprobs=[None, -1.0, -2.0, -3.0, -4.0]), 0, None)
+    together = Driver({"i128": five, "ctl-i128-cache": five, "reference": answers["reference"]})
+
+    async def both():
+        return await asyncio.gather(*(window_fields(together, Pool(p), "c4", 3, list(range(10, 18)), "abcdef0123",
+                                                   3, f"{p}-c4/s/1") for p in ("i128", "ctl-i128-cache")))
+    assert [got["window_ref_logprobs"] for got in asyncio.run(both())] == [[-1.7, -2.7, -3.7, -4.7]] * 2
+    assert [s[0] for s in together.sent].count("reference") == 1  # one in flight is shared too
+    failing = Driver({"i128": answers["i128"], "reference": (Replica("r"), None, 0, "HTTP 503")})
+    assert probe(failing)["window_error"] == "reference probe: HTTP 503"
+    failing.answers["reference"] = (Replica("ref-r0"), ref, 0, None)
+    assert probe(failing)["window_ref_logprobs"] == [-1.5, -2.5, -3.5]  # a failed probe is not kept: sent again
+    assert [s[0] for s in failing.sent] == ["i128", "reference", "i128", "reference"]
 
 
 def test_a_probe_that_fails_says_where():
