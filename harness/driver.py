@@ -47,9 +47,8 @@ class Driver:
                  request_rate: tuple[float, ...] = (), arrival: str = "constant", seed: int = 0, warmup: int = 0,
                  duration: float | None = None, max_error_rate: float | None = None, windows: bool = True) -> None:
         self.run_id, self.points = run_id, sweep(concurrency, request_rate, arrival)
-        self.windows = windows  # probe each restored turn's restore window (harness/window.py)
+        self.windows, self.ref_windows = windows, RefWindows()  # restore-window probes (harness/window.py)
         self.probe_hits: dict[tuple[str, str, str], int] = {}  # (pool, point label, replica) -> probes' cached tokens
-        self.ref_windows = RefWindows()  # the reference's restore-window probes, one per input and checkpoint
         self.seed, self.warmup, self.duration, self.max_error_rate = seed, warmup, duration, max_error_rate
         self.candidates, self.reference = candidates, reference
         self.files, self.http, self.progress = files, http, progress
