@@ -95,7 +95,7 @@ class RefWindows:
     input and checkpoint, in any pool or sweep point. A probe that failed is dropped, so a later turn sends its
     own; `keep` bounds what is held (a dropped answer is asked again, never lost)."""
 
-    def __init__(self, keep: int = 4096) -> None:
+    def __init__(self, keep: int = 1024) -> None:  # ~10 MB of windows of a few hundred tokens
         self.keep = keep
         self.tasks: OrderedDict[tuple[str, int], asyncio.Task] = OrderedDict()
 

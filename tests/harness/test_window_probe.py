@@ -132,3 +132,15 @@ def test_the_stats_of_a_sweep_point_leave_the_probes_hits_out():
     unknown = {"counters": {"cache_hit_tokens": None}}
     without_probes(unknown, 64)
     assert unknown["counters"]["cache_hit_tokens"] is None and unknown["window_probe_cached_tokens"] == 64
+
+
+def test_the_reference_probes_held_are_bounded_and_a_dropped_one_is_asked_again():
+    ref = replace(GEN, cached_tokens=0, input_logprobs=[-0.5, -1.5, -2.5, -3.5])
+    driver = Driver({"i128": (Replica("r"), GEN, 0, None), "reference": (Replica("ref-r0"), ref, 0, None)})
+    driver.ref_windows = RefWindows(keep=2)
+    for h in ("aaaa0000", "bbbb0000", "cccc0000", "bbbb0000", "aaaa0000"):
+        asyncio.run(window_fields(driver, Pool("i128"), "c4", 3, list(range(10, 18)), h, 4, f"k-{h}"))
+    assert [(s[1], s[3]) for s in driver.sent if s[0] == "reference"] == [
+        (0xAAAA0000, "k-aaaa0000/window-ref"), (0xBBBB0000, "k-bbbb0000/window-ref"),
+        (0xCCCC0000, "k-cccc0000/window-ref"), (0xAAAA0000, "k-aaaa0000/window-ref")]  # b kept, a dropped
+    assert list(driver.ref_windows.tasks) == [("bbbb0000", 4), ("aaaa0000", 4)]  # c dropped: least recently used
