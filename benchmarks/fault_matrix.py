@@ -6,13 +6,17 @@ gate flagged; the resolvable ones among them and how many were flagged; what it 
 many of those restored another checkpoint than in the fp32 run: batch timing); how many were flagged by their
 restore window (reports/window.py).
 
-The affected turns are the ones the exact fp32 oracle flags in the fp32 run of the same fault (every structural
-fault acts on the same turns in both dtypes); for a fault that depends on batch timing
-(`track-dropped-on-batch-change`) they are the bf16 run's own turns that restored a verify crossing its engine
-did not copy, since its batches are not the fp32 run's. An affected turn is resolvable when the fault's own
-effect on it (its drift in the fp32 run, where numerics move log-probs by ~1e-5) exceeds what bf16 numerics alone
-moved in the clean runs (their largest window and output drift): below that no oracle against the cold path can
-tell the fault from numerics, only a deterministic twin (--baseline-run at concurrency 1, reports/paired.py).
+The affected turns of a run are the ones its engine reports the fault reached (`injected_fault_hit`: they
+resumed from, or computed, a state the fault corrupted; engine/cache/state_pool.py), so each dtype's run is
+measured on its own turns: concurrency makes batches, and so evictions, restores and draft acceptance, differ
+between the fp32 and the bf16 run of the same command. (Runs made before the engine reported it fall back to
+the turns the exact fp32 oracle flags in the fp32 run, and, for a fault that depends on batch timing, to the
+bf16 run's turns that restored a verify crossing its engine did not copy.) The fp32 columns check the marks
+against the exact oracle. An affected turn is resolvable when the fault's own effect on it (its drift in the
+fp32 run, where numerics move log-probs by ~1e-5) exceeds what bf16 numerics alone moved in the clean runs (their
+largest window and output drift): below that no oracle against the cold path can tell the fault from numerics,
+only a deterministic twin (--baseline-run at concurrency 1, reports/paired.py). A turn the fault reached in the
+bf16 run but not in the fp32 one has no measured effect and counts as resolvable.
 Runs already in RUNS_DIR are reused with --reuse.
 
     python benchmarks/fault_matrix.py [--intervals 128] [--concurrency 4] [--seed 0] [--clean-seeds 0,1,2]
@@ -63,9 +67,19 @@ def headline(run_dir: Path) -> str:
     return lines[2].strip("*") if len(lines) > 2 else "?"
 
 
+def hits(df: pd.DataFrame) -> set[str] | None:
+    """The turns the run's engine reports the fault reached; None when its records do not say."""
+    if "injected_fault_hit" not in df or df["injected_fault_hit"].isna().all():
+        return None
+    return set(df.loc[df["injected_fault_hit"].fillna(False).astype(bool), "key"])
+
+
 def affected(fault: str | None, fp32: pd.DataFrame, bf16: pd.DataFrame) -> set[str]:
     if fault is None:
         return set()
+    own = hits(bf16)
+    if own is not None:
+        return own
     if fault in TIMING_FAULTS:
         own = bf16[bf16["restored_verify_crossed"].fillna(False).astype(bool)
                    & ~bf16["restored_crossing_tracked"].fillna(True).astype(bool)]
@@ -92,13 +106,16 @@ def row(runs: Path, fault: str | None, name: str, floor: tuple[float, float]) ->
     flagged = set(bf16.loc[bf16["class"].isin(FLAGGED), "key"])
     window = set(bf16.loc[bf16["window_status"].eq("flagged") & bf16["class"].isin(FLAGGED), "key"]) \
         if "window_status" in bf16 else set()
-    if fault in TIMING_FAULTS or not len(fp32):
+    fp32_hit = hits(fp32) if len(fp32) else None
+    fp32_flagged = set(fp32.loc[fp32["class"].isin(FLAGGED), "key"]) if len(fp32) else set()
+    if (fault in TIMING_FAULTS and hits(bf16) is None) or not len(fp32):
         resolvable = hit
     else:
         f = fp32.set_index("key")
         effect = f["window_drift"].fillna(0.0).clip(lower=0) if "window_drift" in f else 0.0
-        big = f[(effect > floor[0]) | (f["drift"].fillna(0.0) > floor[1])]
-        resolvable = hit & set(big.index)
+        big = set(f[(effect > floor[0]) | (f["drift"].fillna(0.0) > floor[1])].index)
+        measured = fp32_hit if fp32_hit is not None else fp32_flagged  # turns whose fp32 effect is the fault's
+        resolvable = hit & (big | (hit - measured))
     # a turn flagged outside the fp32 run's set that restored another checkpoint there (batch timing) is not
     # comparable with it
     cached = fp32.set_index("key")["cached_tokens"] if len(fp32) else pd.Series(dtype=float)
@@ -109,7 +126,11 @@ def row(runs: Path, fault: str | None, name: str, floor: tuple[float, float]) ->
     def share(a: set, b: set) -> str:
         return f"{len(a)}/{len(b)} ({len(a) / len(b):.0%})" if b else ""
 
-    return {"fault": name, "verdict": headline(bf16_dir), "affected flagged": share(flagged & hit, hit),
+    fp32_check = {"fp32: affected flagged": "", "fp32: outside": ""}
+    if fp32_hit is not None:  # the marks against the exact oracle: it flags the marked turns and nothing else
+        fp32_check = {"fp32: affected flagged": share(fp32_flagged & fp32_hit, fp32_hit),
+                      "fp32: outside": len(fp32_flagged - fp32_hit)}
+    return {"fault": name, "verdict": headline(bf16_dir), **fp32_check, "affected flagged": share(flagged & hit, hit),
             "resolvable flagged": share(flagged & resolvable, resolvable),
             "outside": len(outside), "outside, restored otherwise than in fp32": len(other_restore),
             "by the window": len(window & hit)}

@@ -78,6 +78,9 @@ class GenerateOutput:
     spec_verify_ct: int = 0
     spec_trace: list[tuple[int, int, int]] = field(default_factory=list)  # (pre_len, commit_len, tracked_step)
     error: str | None = None
+    # with a fault injected (engine/faults.py): whether it reached this request (it resumed from, or computed, a
+    # state the fault corrupted: engine/cache/state_pool.py, `tainted`); None when no fault is injected
+    injected_fault_hit: bool | None = None
 
     @property
     def completion_tokens(self) -> int:

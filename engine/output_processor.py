@@ -67,6 +67,7 @@ class OutputProcessorMixin:
         r.next_track_idx = 1 - r.next_track_idx
         if active(self.cfg, PINGPONG_DOUBLE_FLIP):
             r.next_track_idx = 1 - r.next_track_idx  # flipped again: the copy and the insert now name different slots
+            self.state.tainted.add(r.last_track_slot)  # the slot the tree will get was not written for this boundary
         r.last_track_seqlen = boundary
 
     @staticmethod

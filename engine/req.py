@@ -59,6 +59,12 @@ class Req:
     def max_len(self) -> int:
         return len(self.req.input_ids) + self.req.sampling.max_new_tokens
 
+    def note_fault(self, tainted: set[int]) -> None:
+        """With a fault injected: r reports it reached it once its working state carries a fault mark
+        (StatePool.tainted)."""
+        if self.out.injected_fault_hit is not None and self.working_slot in tainted:
+            self.out.injected_fault_hit = True
+
     @property
     def next_track_slot(self) -> int:
         """The ping-pong slot the next checkpoint is written to."""

@@ -79,7 +79,8 @@ class Scheduler(OutputProcessorMixin):
 
     def add(self, req: GenerateRequest) -> Req:
         self.check_fits(req)
-        out = GenerateOutput(rid=req.rid, prompt_tokens=len(req.input_ids))
+        out = GenerateOutput(rid=req.rid, prompt_tokens=len(req.input_ids),
+                             injected_fault_hit=False if self.cfg.inject_fault else None)
         if req.scores_prompt:  # filled as the prefill computes the positions (Executor._extend)
             scored = len(req.input_ids) - req.logprob_start_len
             out.input_logprobs = [None] * scored
@@ -126,6 +127,10 @@ class Scheduler(OutputProcessorMixin):
         r.prefix_node = match.node if match else None
         if cached:
             self.runner.copy_state(match.checkpoint, r.working_slot)
+            # a fault that restores another state than the matched node's own checkpoint (evicted meanwhile, or
+            # a shallower node's): the resumed state is wrong from the start
+            self.state.carry(match.checkpoint, r.working_slot, corrupt=match.node.checkpoint != match.checkpoint)
+            r.note_fault(self.state.tainted)
         if match is not None and self.tracking:
             r.branching_len = branching_point(match.kv_len, cached, self.chunk)
         r.seq_len = cached
@@ -169,6 +174,7 @@ class Scheduler(OutputProcessorMixin):
         offset = pos - start
         if active(self.cfg, PREFILL_CHECKPOINT_OFF_BOUNDARY):
             offset = end - start  # the backend reads the extend's final state, not the chunk state at pos
+        self.state.carry(r.working_slot, slot, corrupt=offset != pos - start)  # what the extend will write there
         return PrefillChunk(r, start, end, pos, slot, offset)
 
     def _prepare_decode(self) -> tuple[list[Req], list[int] | None]:

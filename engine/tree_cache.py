@@ -137,6 +137,7 @@ class TreeCache:
                 self.state.free(slot or [])
                 continue
             self.runner.copy_state(lower.checkpoint, slot[0])
+            self.state.tainted.add(slot[0])  # a longer prefix's state at the split node's depth
             upper.checkpoint = slot[0]
 
     def _finished_insertion(self, r: Req) -> tuple[int, int | None]:
@@ -146,6 +147,8 @@ class TreeCache:
         if r.last_track_seqlen is None:
             return 0, None
         if active(self.cfg, INSERT_WORKING_STATE):
+            if r.seq_len != r.last_track_seqlen:
+                self.state.tainted.add(r.working_slot)  # the state of r.seq_len tokens, stored for fewer
             return r.last_track_seqlen, r.working_slot
         return r.last_track_seqlen, r.last_track_slot
 

@@ -33,6 +33,9 @@ class Generation:
     # the prompt tokens' log-probs from the request's logprob_start_len on (SGLang's input_token_logprobs; None
     # where the server computed none: the first, or one the cache covered); None when not asked or not reported
     input_logprobs: list[float | None] | None = None
+    # the built-in engine with a fault injected: whether the fault reached this request (meta_info's
+    # injected_fault_hit, docs/engine.md); None from any other server
+    injected_fault_hit: bool | None = None
 
 
 def candidate_key(pool: str, concurrency: int, session_id: str, turn: int) -> str:
@@ -124,6 +127,7 @@ def build_record(*, run_id: str, key: str, role: str, pool: str, engine: dict, c
         "request_rate": request_rate,
         "arrival": arrival,
         "ttst": g.ttst if g else None,
+        "injected_fault_hit": g.injected_fault_hit if g else None,
     }
 
 

@@ -28,7 +28,7 @@ REQUEST_COLUMNS = [
     "prompt_offset", "crossing_source", "crossed_boundaries", "n_crossings", "n_untracked_crossings",
     "crossings", "restored_link", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
     "restored_crossing_tracked", "spec_verify_ct", "spec_accept_length", "completion_tokens",
-    "finish_reason", "ttft", "itl", "e2e", "t_start", "retries", "error", "tokenizer",
+    "finish_reason", "ttft", "itl", "e2e", "t_start", "retries", "error", "tokenizer", "injected_fault_hit",
 ]
 
 _INT_COLUMNS = [
@@ -161,9 +161,8 @@ def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, 
         "restored_crossing_commit_len": None, "restored_crossing_tracked": None,
         "spec_verify_ct": cand.get("spec_verify_ct"), "spec_accept_length": cand.get("spec_accept_length"),
         "completion_tokens": cand.get("completion_tokens", output_len),
-        "finish_reason": cand.get("finish_reason"), "ttft": cand.get("ttft"), "itl": cand.get("itl"),
-        "e2e": cand.get("e2e"), "t_start": cand.get("t_start"), "retries": cand.get("retries"),
-        "error": cand.get("error"), "tokenizer": cand.get("tokenizer"),
+        **{k: cand.get(k) for k in ("finish_reason", "ttft", "itl", "e2e", "t_start", "retries", "error", "tokenizer",
+                                    "injected_fault_hit")},
     }
 
 
@@ -256,6 +255,7 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     df["restored"] = df["restored"].astype(bool)
     df["restored_verify_crossed"] = df["restored_verify_crossed"].astype(bool)
     df["restored_crossing_tracked"] = df["restored_crossing_tracked"].astype("boolean")
+    df["injected_fault_hit"] = df["injected_fault_hit"].astype("boolean")
     return df
 
 

@@ -48,6 +48,7 @@ class OutputDelta:
     # the prompt's log-probs (a request scoring its prompt), once: with the delta that ends the prefill
     input_logprobs: tuple | None = None
     input_top_logprobs: tuple | None = None
+    injected_fault_hit: bool | None = None  # GenerateOutput.injected_fault_hit (cumulative)
 
     def apply(self, out: GenerateOutput) -> None:
         """Extend the consumer's cumulative `out` with this delta."""
@@ -59,6 +60,7 @@ class OutputDelta:
         out.spec_trace.extend(self.spec_trace)
         out.cached_tokens, out.spec_verify_ct = self.cached_tokens, self.spec_verify_ct
         out.finished, out.finish_reason = self.finished, self.finish_reason
+        out.injected_fault_hit = self.injected_fault_hit
 
 
 class AsyncEngine:
@@ -217,7 +219,7 @@ class AsyncEngine:
                             tuple(out.output_top_logprobs[n_top:]), tuple(out.spec_trace[n_tr:]),
                             out.cached_tokens, out.spec_verify_ct, out.finished, out.finish_reason,
                             tuple(out.input_logprobs) if prefilled else None,
-                            tuple(out.input_top_logprobs) if prefilled else None)
+                            tuple(out.input_top_logprobs) if prefilled else None, out.injected_fault_hit)
         loop, q = target
         loop.call_soon_threadsafe(q.put_nowait, delta)
 

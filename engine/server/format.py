@@ -92,6 +92,8 @@ def meta_info(out: GenerateOutput, call: GenerateCall, e2e_latency: float, specu
             for i in range(start, len(out.output_top_logprobs))]
         if call.req.scores_prompt and start == 0 and (out.output_ids or out.finished):
             meta.update(input_logprob_entries(out, call.req, with_text))  # once: with the first output token
+    if out.injected_fault_hit is not None:  # a fault is injected: whether it reached this request (docs/engine.md)
+        meta["injected_fault_hit"] = out.injected_fault_hit
     if speculative:
         meta["spec_verify_ct"] = out.spec_verify_ct
         meta["spec_accept_length"] = out.spec_accept_length

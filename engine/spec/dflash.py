@@ -100,6 +100,28 @@ class DFlashWorker:
                                   conv_tracked=not active(self.cfg, CONV_NOT_TRACKED), conv_commit_steps=conv_steps)
         for res, s in zip(results, steps, strict=True):
             res.tracked_step = int(s)
+        if self.cfg.inject_fault:
+            self._mark_faults(reqs, track_slots, steps, posts, commit_lens, conv_steps)
+
+    def _mark_faults(self, reqs: list[Req], track_slots: list[int] | None, steps: list[int], posts: list[int],
+                     commit_lens: list[int], conv_steps: list[int] | None) -> None:
+        """The fault marks of this commit (StatePool.tainted): a checkpoint it wrote, or should have written,
+        carries its request's mark, or one of its own where a fault wrote it from the wrong step, without its
+        conv window, or not at all; a working conv window committed from the wrong step marks the request."""
+        st = self.runner.caches.state
+        starts = [p - c for p, c in zip(posts, commit_lens, strict=True)]
+        right = (mamba_steps_to_track(torch.tensor(starts, dtype=torch.int32), torch.tensor(posts),
+                                      torch.tensor(commit_lens), self.cfg.mamba_track_interval).tolist()
+                 if self.cfg.tracking else [-1] * len(reqs))
+        conv_tracked = not active(self.cfg, CONV_NOT_TRACKED)
+        for b, r in enumerate(reqs):
+            if right[b] >= 0 and r.track_slots:
+                slot = track_slots[b] if track_slots is not None else r.next_track_slot
+                wrong = track_slots is None or steps[b] != right[b] or not conv_tracked
+                st.carry(r.working_slot, slot, corrupt=wrong)
+            if conv_steps is not None and conv_steps[b] != commit_lens[b] - 1:
+                st.tainted.add(r.working_slot)
+                r.note_fault(st.tainted)
 
 
 def _off_by_one_step(pre: int, post: int, commit_len: int, interval: int) -> int:

@@ -75,6 +75,8 @@ def parse_answer(obj: dict, ttft: float | None, itl: float | None, e2e: float) -
         e2e=e2e,
         abort_message=abort,
         input_logprobs=_input_logprobs(meta),
+        injected_fault_hit=meta.get("injected_fault_hit") if isinstance(meta.get("injected_fault_hit"), bool)
+        else None,
     )
 
 

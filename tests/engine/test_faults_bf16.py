@@ -4,7 +4,9 @@ A fault is about which state is saved or restored, not about numerics, so each o
 run in the same test shape as its fp32 test (tests/engine/test_faults.py) twice on the
 bf16 engine, clean and with the fault; the two runs share every numeric path, so any
 difference is the fault's. The faulted run must change tokens where the fault bites, and
-be bit-identical to the clean run where it cannot (the same batch is deterministic).
+be bit-identical to the clean run where it cannot (the same batch is deterministic), and the
+engine's own report of the requests the fault reached (`injected_fault_hit`) names exactly the
+exposed ones.
 """
 
 from __future__ import annotations
@@ -148,3 +150,6 @@ def test_fault_changes_behaviour_in_bf16(fault):
     # where the fault cannot bite, the faulted run is bit for bit the clean one
     for c, f in unexposed:
         assert _outputs_key(c) == _outputs_key(f), c.rid
+    # the engine reports which requests the fault reached: exactly the exposed ones; nothing without a fault
+    assert [f.injected_fault_hit for f, _ in faulted] == [bites for _, bites in faulted]
+    assert [c.injected_fault_hit for c, _ in clean] == [None] * len(clean)

@@ -19,6 +19,7 @@ RECORD_FIELDS = {  # docs/records.md, in order
     "output_ids", "output_text", "output_logprobs", "output_top_logprobs", "cached_tokens", "completion_tokens",
     "finish_reason", "spec_verify_ct", "spec_accept_length", "spec_trace", "ttft", "itl", "e2e", "t_start",
     "retries", "error", "tokenizer", "cache_lost", "t_planned", "request_rate", "arrival", "ttst",
+    "injected_fault_hit",
 }
 
 
@@ -79,6 +80,10 @@ def test_record_has_every_documented_field():
     assert rec["key"] == "i128-c4/s0/0" and rec["finish_reason"] == "length" and rec["interval"] == 128
     assert rec["output_top_logprobs"][0] == [[-0.1, 97], [-2.0, 3]] and rec["spec_accept_length"] == 2.0
     assert rec["case"]["group"] == "test" and rec["case_id"] == "s0"
+    assert rec["injected_fault_hit"] is None  # the server said nothing: not False
+    for said, kept in ((True, True), (False, False), ("yes", None)):
+        meta = dict(answer["meta_info"], injected_fault_hit=said)
+        assert parse_answer(dict(answer, meta_info=meta), 0.01, 0.002, 0.02).injected_fault_hit is kept
     assert s.turn_input(1, ids, [97, 98]) == ids + [97, 98] + list(SUFFIX)
     with pytest.raises(ValueError, match="needs turn 0's output"):
         s.turn_input(1, ids, None)
