@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # record fields the probe adds to a restored candidate turn (docs/records.md)
 WINDOW_FIELDS = ("window_start", "window_cached_tokens", "window_logprobs", "window_ref_logprobs", "window_error",
-                 "window_retries")
+                 "window_retries", "window_fault_hit")
 
 
 def wants_window(gen: Generation | None, error: str | None, input_len: int) -> bool:
@@ -65,6 +65,8 @@ async def window_fields(driver: Driver, pool: Pool, point: str, index: int, ids:
     if gen is None or error is not None:
         return {**out, "window_error": f"candidate probe: {error}"}
     out["window_cached_tokens"] = gen.cached_tokens
+    if gen.injected_fault_hit is not None:  # the built-in engine with a fault injected: did it reach the probe?
+        out["window_fault_hit"] = gen.injected_fault_hit
     where = (pool.name, point, replica.replica_id)
     driver.probe_hits[where] = driver.probe_hits.get(where, 0) + gen.cached_tokens
     task, mine = driver.ref_windows.task(h, start, lambda: _reference_probe(driver, ref_payload, ids, h, start, key))

@@ -161,8 +161,9 @@ def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, 
         "restored_crossing_commit_len": None, "restored_crossing_tracked": None,
         "spec_verify_ct": cand.get("spec_verify_ct"), "spec_accept_length": cand.get("spec_accept_length"),
         "completion_tokens": cand.get("completion_tokens", output_len),
-        **{k: cand.get(k) for k in ("finish_reason", "ttft", "itl", "e2e", "t_start", "retries", "error", "tokenizer",
-                                    "injected_fault_hit")},
+        **{k: cand.get(k) for k in ("finish_reason", "ttft", "itl", "e2e", "t_start", "retries", "error", "tokenizer")},
+        # the fault reached the turn or its restore-window probe (True wins; None: the engine does not say)
+        "injected_fault_hit": (hit := cand.get("injected_fault_hit")) or cand.get("window_fault_hit") or hit,
     }
 
 

@@ -64,6 +64,14 @@ def test_a_restored_turn_is_probed_on_its_replica_and_on_the_reference_from_its_
     assert driver.probe_hits == {("i128", "c4", "i128-r1"): 8}  # what the sweep point's stats leave out
 
 
+def test_a_probe_says_whether_an_injected_fault_reached_it():
+    ref = replace(GEN, cached_tokens=0, input_logprobs=[-0.5, -1.5, -2.5, -3.5])
+    for hit in (True, False):
+        driver = Driver({"i128": (Replica("i128-r1"), replace(GEN, injected_fault_hit=hit), 0, None),
+                         "reference": (Replica("ref-r0"), ref, 0, None)})
+        assert probe(driver)["window_fault_hit"] is hit
+
+
 def test_one_reference_probe_serves_every_turn_of_an_input_and_checkpoint():
     ref = replace(GEN, cached_tokens=0, input_logprobs=[-0.5, -1.5, -2.5, -3.5])
     answers = {"i128": (Replica("i128-r1"), GEN, 0, None), "ctl-i128-cache": (Replica("ctl-r0"), GEN, 0, None),

@@ -340,3 +340,13 @@ def test_a_branch_turn_is_linked_to_the_turn_that_crossed_its_checkpoint():
     assert links == {"i256-c1/s/1": ("verify", True), "i256-c1/s/2": ("verify", True),
                      "i256-c1/s/3": ("verify", True), "i256-c1/s/4": ("none", False)}
     assert df.loc["i256-c1/s/2", "restored_crossing_step"] == 1
+
+
+@pytest.mark.parametrize("turn,probe,expected", [
+    (True, None, True), (False, True, True), (True, False, True), (False, False, False), (False, None, False),
+    (None, None, None),
+])
+def test_injected_fault_hit_is_the_turns_or_its_window_probes(turn, probe, expected):
+    extra = {} if probe is None else {"window_fault_hit": probe}
+    row = one(pair(prompt(100), OUT, injected_fault_hit=turn, **extra))
+    assert (None if pd.isna(row["injected_fault_hit"]) else bool(row["injected_fault_hit"])) is expected
