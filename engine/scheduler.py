@@ -127,9 +127,7 @@ class Scheduler(OutputProcessorMixin):
         r.prefix_node = match.node if match else None
         if cached:
             self.runner.copy_state(match.checkpoint, r.working_slot)
-            # a fault that restores another state than the matched node's own checkpoint (evicted meanwhile, or
-            # a shallower node's): the resumed state is wrong from the start
-            self.state.carry(match.checkpoint, r.working_slot, corrupt=match.node.checkpoint != match.checkpoint)
+            self.state.carry(match.checkpoint, r.working_slot, corrupt=self._restore_wrong(match, pages, slots))
             r.note_fault(self.state.tainted)
         if match is not None and self.tracking:
             r.branching_len = branching_point(match.kv_len, cached, self.chunk)
@@ -137,6 +135,26 @@ class Scheduler(OutputProcessorMixin):
         r.out.cached_tokens = cached
         self.counters["cached_tokens"] += cached
         self.running.append(r)
+
+    def _restore_wrong(self, match, pages: list[int], slots: list[int]) -> bool:
+        """With a fault injected: whether a restore resumes from other than the matched prefix's own KV and state:
+        the admission's allocation evicted the matched node and may hand its pages to anyone, or handed the
+        checkpoint's slot or a matched page back to the request itself (evict-matched-checkpoint); or the state is
+        a shallower node's under a deeper node's KV (match-past-checkpoint). An evicted checkpoint whose slot no
+        one took yet is copied intact."""
+        if not self.cfg.inject_fault:
+            return False
+        node, ps = match.node, self.cfg.page_size
+        while node.parent is not None:
+            if node.parent.children.get(node.key[:ps]) is not node:
+                return True
+            node = node.parent
+        if match.checkpoint in slots or set(match.pages) & set(pages):
+            return True
+        holder = match.node
+        while holder is not None and holder.checkpoint != match.checkpoint:
+            holder = holder.parent
+        return holder is not None and holder is not match.node
 
     # --- the step plan ------------------------------------------------------
     def schedule(self) -> ScheduleBatch:
