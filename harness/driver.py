@@ -22,18 +22,19 @@ import aiohttp
 from harness import cache_stats
 from harness.arrival import schedule
 from harness.driver_point import Point, PointCounts, StopRule, point_record, sweep
+from harness.driver_ref import ReferenceMixin
 from harness.driver_send import send
 from harness.driver_warmup import recorded_keys, run_warmup
-from harness.pools import HarnessError, Pool, Replica
+from harness.pools import Pool, Replica
 from harness.progress import Progress
 from harness.refstore import Recorded, RefDone, as_recorded, as_ref_done, continued, records_io
-from harness.window import RefWindows, wants_window, window_fields, without_probes
+from harness.window import RefWindows, candidate_probe, wants_window, without_probes
 from records.jsonl import RecordFiles
-from records.rundir import REFERENCE_FILE, candidate_file, input_hash
-from records.schema import POINTS_FILE, STATS_FILE, Generation, build_record, point_key, point_record_key, reference_key
+from records.rundir import candidate_file, input_hash
+from records.schema import POINTS_FILE, STATS_FILE, Generation, build_record, point_key, point_record_key
 
 
-class Driver:
+class Driver(ReferenceMixin):
     """Runs every sweep point of a plan and writes the records (see module doc)."""
 
     def __init__(self, *, run_id: str, concurrency: tuple[int, ...], candidates: list[Pool], reference: Pool,
@@ -139,13 +140,19 @@ class Driver:
                 for index, session in queue:
                     await self.run_session(pool, point, index, session, stop)
 
-            await asyncio.gather(*(worker() for _ in range(min(point.concurrency, len(todo)))))
+            runs = [worker() for _ in range(min(point.concurrency, len(todo)))]
         else:
             plan = schedule([len(s.turns) for _, s in todo], point.rate, point.arrival, self.seed)
-            await asyncio.gather(*(self.run_session(pool, point, index, session, stop, wall0,
-                                                    {n: plan[(k, n)] for n in range(len(session.turns))})
-                                   for k, (index, session) in enumerate(todo)))
+            runs = [self.run_session(pool, point, index, session, stop, wall0,
+                                     {n: plan[(k, n)] for n in range(len(session.turns))})
+                    for k, (index, session) in enumerate(todo)]
+        try:
+            await asyncio.gather(*runs)
+        except BaseException:
+            self.ref_windows.cancel((pool.name, point.label))
+            raise
         counts.wall_s, counts.stopped = time.perf_counter() - t0, stop.reason
+        await self.ref_windows.drain((pool.name, point.label))
         after = await cache_stats.snapshot(self.http, pool)
         for rec in cache_stats.stats_records(run_id=self.run_id, pool=pool.name, concurrency=point.concurrency,
                                              before=before, after=after, t_start=wall0, t_end=time.time(),
@@ -209,16 +216,26 @@ class Driver:
         replica, gen, retries, error = await self.send(pool, index, payload, key)
         rec = self._record(pool, replica, point, session, turn, ids, max_new, gen, t_start, retries, error,
                            key, h, t_planned)
-        if self.windows and wants_window(gen, error, len(ids)):
-            rec.update(await window_fields(self, pool, point.label, index, ids, h, gen.cached_tokens, key))
         if replica is not None:
             self.served[key] = (replica.replica_id, replica.incarnation)
             rec["cache_lost"] = self._cache_lost(prev_key, self.served[key])
+        rest = None
+        if self.windows and wants_window(gen, error, len(ids)):
+            fields, rest = await candidate_probe(self, pool, point.label, index, ids, h, gen.cached_tokens, key)
+            rec.update(fields)
+        done = partial(self._written, pool, rec, ref)
+        if rest is None:
+            done({})
+        else:  # the record waits for the reference's probe, the session does not (harness/window.py)
+            self.ref_windows.finish_later((pool.name, point.label), rest, done)
+        return rec
+
+    def _written(self, pool: Pool, rec: dict, ref: asyncio.Future, fields: dict) -> None:
+        rec.update(fields)
         self._write_candidate(pool, rec)
         # the comparison waits for the reference holding a summary: a record (tokens, top-k) kept until its
         # reference answers would pile up wherever candidates answer faster than references
         ref.add_done_callback(partial(self._compare, Recorded.of(rec)))
-        return rec
 
     def _cache_lost(self, prev_key: str | None, served: tuple[str, int]) -> str | None:
         """Why this turn could not find the cache its previous turn left (so its restore path went untested):
@@ -240,43 +257,6 @@ class Driver:
     def _compare(self, rec: Recorded, fut: asyncio.Future) -> None:
         if not fut.cancelled() and fut.exception() is None and rec.differs(fut.result()):
             self.progress.mismatch()
-
-    def reference_for(self, ids: list[int], h: str, max_new: int, session, turn: int) -> asyncio.Future:
-        """The reference answer for `ids`: one request per distinct input for the whole run. An answered one is
-        kept as its RefDone alone (not the task that served it)."""
-        done = self.refs_done.get(h)
-        if done is not None:
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result(done)
-            return fut
-        fut = self.ref_futures.get(h)
-        if fut is None:
-            fut = asyncio.ensure_future(self._serve_reference(ids, h, max_new, session, turn))
-            self.ref_futures[h] = fut
-            fut.add_done_callback(partial(self._settled, h))
-        return fut
-
-    def _settled(self, h: str, fut: asyncio.Future) -> None:
-        if not fut.cancelled() and fut.exception() is None:
-            self.refs_done[h] = fut.result()
-            del self.ref_futures[h]
-
-    async def _serve_reference(self, ids: list[int], h: str, max_new: int, session, turn: int) -> dict:
-        key = reference_key(h)
-        async with self.ref_sem:
-            payload = self.reference.backend.payload(ids, max_new, stream=False)
-            t_start = time.time()
-            try:
-                replica, gen, retries, error = await self.send(self.reference, int(h[:8], 16), payload, key)
-            except HarnessError as e:
-                if not self.fatal.done():
-                    self.fatal.set_exception(e)
-                raise
-        rec = self._record(self.reference, replica, None, session, turn, ids, max_new, gen, t_start, retries,
-                           error, key, h)
-        self.files.write(REFERENCE_FILE, rec)
-        self.progress.reference(rec)
-        return RefDone.of(rec)  # what later candidates of this input need, not the record
 
     async def send(self, pool: Pool, preferred: int, payload: dict, key: str
                    ) -> tuple[Replica | None, Generation | None, int, str | None]:

@@ -11,16 +11,20 @@ deeper than b, so the probe restores the same checkpoint, and a request asking f
 nothing new), and the same to the cold reference, once per input and checkpoint for the run (`RefWindows`: the
 pools and sweep points of an interval restore the same checkpoints, so one reference probe serves them all; sent
 per turn, the reference probes prefilled 3.6 times what the references themselves did on the default sweep). The
-candidate record keeps both sides' log-probs of the prompt tokens b+1 .. len-1 (token b itself has none, as in
-SGLang: entry 0 is always null). The analyzer compares them (reports/window.py). Protocols that cannot score a
-prompt without changing what the server caches (vLLM serves a request that asks for prompt log-probs uncached)
-send no probe, and the report says so.
+turn's session goes on as soon as its candidate probe has answered; its record, which keeps both sides' log-probs
+of the prompt tokens b+1 .. len-1 (token b itself has none, as in SGLang: entry 0 is always null), is written
+once the reference probe has answered (waiting for it in the reference's queue held every later turn of the
+session back: a concurrency-1 run took 2.4 times as long), and a sweep point ends once all of its records are
+written. The analyzer compares them (reports/window.py). Protocols that cannot score a prompt without changing
+what the server caches (vLLM serves a request that asks for prompt log-probs uncached) send no probe, and the
+report says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from harness.pools import HarnessError, Pool
@@ -53,33 +57,48 @@ def scored(gen: Generation, input_len: int, start: int) -> list[float | None] | 
 async def window_fields(driver: Driver, pool: Pool, point: str, index: int, ids: list[int], h: str, start: int,
                         key: str) -> dict:
     """The probe of a turn restored at `start` (module doc): the fields to add to its record ({} where a side's
-    protocol cannot probe). The prefix-cache hits the probe adds to its replica's counters are kept in
-    `driver.probe_hits` (pool, sweep point label, replica id), which the sweep point's stats leave out."""
+    protocol cannot probe). Both halves of `candidate_probe`, in turn."""
+    out, rest = await candidate_probe(driver, pool, point, index, ids, h, start, key)
+    return out if rest is None else {**out, **await rest()}
+
+
+async def candidate_probe(driver: Driver, pool: Pool, point: str, index: int, ids: list[int], h: str, start: int,
+                          key: str) -> tuple[dict, Callable[[], Awaitable[dict]] | None]:
+    """The candidate half of a turn's probe: its fields so far, and the reference half still to await (None when
+    there is none to wait for). The driver lets the session go on while the reference half waits its turn in the
+    reference's queue (RefWindows.finish_later). The prefix-cache hits the probe adds to its replica's counters
+    are kept in `driver.probe_hits` (pool, sweep point label, replica id), which the sweep point's stats leave
+    out."""
     payload = pool.backend.window_payload(ids, start)
     ref_payload = driver.reference.backend.window_payload(ids, start)
     if payload is None or ref_payload is None:
-        return {}
+        return {}, None
     out: dict = {"window_start": start, "window_retries": 0}
     replica, gen, retries, error = await driver.send(pool, index, payload, f"{key}/window")
     out["window_retries"] += retries
     if gen is None or error is not None:
-        return {**out, "window_error": f"candidate probe: {error}"}
+        return {**out, "window_error": f"candidate probe: {error}"}, None
     out["window_cached_tokens"] = gen.cached_tokens
     if gen.injected_fault_hit is not None:  # the built-in engine with a fault injected: did it reach the probe?
         out["window_fault_hit"] = gen.injected_fault_hit
     where = (pool.name, point, replica.replica_id)
     driver.probe_hits[where] = driver.probe_hits.get(where, 0) + gen.cached_tokens
-    task, mine = driver.ref_windows.task(h, start, lambda: _reference_probe(driver, ref_payload, ids, h, start, key))
-    try:
-        refs, retries = task.result() if task.done() else await asyncio.shield(task)
-    except HarnessError as e:  # the reference pool is gone: its own requests stop the run
-        return {**out, "window_error": f"reference probe: {e}"}
-    out["window_retries"] += retries if mine else 0  # the re-sends of a shared probe are the record's that sent it
     cand = scored(gen, len(ids), start)
-    for side, got in (("candidate", cand), ("reference", refs)):
-        if isinstance(got, str):
-            return {**out, "window_error": f"{side} probe: {got}"}
-    return {**out, "window_logprobs": cand, "window_ref_logprobs": refs}
+    if isinstance(cand, str):
+        return {**out, "window_error": f"candidate probe: {cand}"}, None
+    task, mine = driver.ref_windows.task(h, start, lambda: _reference_probe(driver, ref_payload, ids, h, start, key))
+
+    async def reference_half() -> dict:
+        try:
+            refs, retries = task.result() if task.done() else await asyncio.shield(task)
+        except HarnessError as e:  # the reference pool is gone: its own requests stop the run
+            return {"window_error": f"reference probe: {e}"}
+        more = {"window_retries": out["window_retries"] + retries} if mine else {}  # a shared probe's re-sends
+        if isinstance(refs, str):  # are the record's that sent it
+            return {**more, "window_error": f"reference probe: {refs}"}
+        return {**more, "window_logprobs": cand, "window_ref_logprobs": refs}
+
+    return out, reference_half
 
 
 async def _reference_probe(driver: Driver, payload: dict, ids: list[int], h: str, start: int, key: str
@@ -100,6 +119,7 @@ class RefWindows:
     def __init__(self, keep: int = 1024) -> None:  # ~10 MB of windows of a few hundred tokens
         self.keep = keep
         self.tasks: OrderedDict[tuple[str, int], asyncio.Task] = OrderedDict()
+        self.tails: dict[tuple[str, str], set[asyncio.Task]] = {}  # (pool, point label) -> records awaiting a probe
 
     def task(self, h: str, start: int, probe) -> tuple[asyncio.Task, bool]:
         """The probe of (h, start), and whether this call started it (`probe()` makes its coroutine)."""
@@ -114,10 +134,34 @@ class RefWindows:
             self.tasks.popitem(last=False)
         return got, True
 
-    def cancel(self) -> None:
-        """Stop the probes still in flight (the run is stopping)."""
-        for task in self.tasks.values():
+    def finish_later(self, where: tuple[str, str], rest: Callable[[], Awaitable[dict]],
+                     done: Callable[[dict], None]) -> None:
+        """Await a turn's reference half (`rest`) apart from its session, then `done(fields)` (the driver writes
+        the record): the session's next turn need not wait for the reference's queue. `where`: (pool, sweep point
+        label), whose end waits for its own (`drain`)."""
+        async def finish() -> None:
+            done(await rest())
+
+        tails = self.tails.setdefault(where, set())
+        task = asyncio.ensure_future(finish())
+        tails.add(task)
+        task.add_done_callback(tails.discard)
+
+    async def drain(self, where: tuple[str, str]) -> None:
+        """Wait until every record the sweep point `where` deferred is written (its point record comes after)."""
+        tails = self.tails.pop(where, set())
+        if tails:
+            await asyncio.gather(*tails)
+
+    def cancel(self, where: tuple[str, str] | None = None) -> None:
+        """Stop the probes still in flight and the records waiting on them: the run is stopping, or (`where`) that
+        sweep point did. A record not written is sent again by a resume."""
+        for task in [*self.tasks.values()] if where is None else []:
             task.cancel()
+        for w, tails in self.tails.items():
+            if where is None or w == where:
+                for task in list(tails):
+                    task.cancel()
 
 
 def without_probes(stats: dict, probe_hits: int) -> None:

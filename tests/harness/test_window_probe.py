@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field, replace
 
+import pytest
+
 from harness.pools import HarnessError
 from harness.window import RefWindows, scored, wants_window, window_fields, without_probes
 from records.schema import Generation
@@ -83,9 +85,11 @@ def test_one_reference_probe_serves_every_turn_of_an_input_and_checkpoint():
     assert again["window_ref_logprobs"] == first["window_ref_logprobs"] == [-1.5, -2.5, -3.5]
     assert [s[0] for s in driver.sent] == ["i128", "reference", "ctl-i128-cache"]
     answers["reference"] = (Replica("ref-r0"), replace(ref, input_logprobs=[-0.7, -1.7, -2.7, -3.7, -4.7]), 0, None)
-    probe(driver, start=3)  # another checkpoint of the same input: its own probe
-    assert driver.sent[-1] == ("reference", 0xABCDEF01, 3, "i128-c4/s/1/window-ref")
     five = (Replica("r"), replace(GEN, input_logprobs=[None, -1.0, -2.0, -3.0, -4.0]), 0, None)
+    answers["i128"] = five
+    probe(driver, start=3)  # another checkpoint of the same input: its own probe
+    answers["i128"] = (Replica("i128-r1"), GEN, 0, None)
+    assert driver.sent[-1] == ("reference", 0xABCDEF01, 3, "i128-c4/s/1/window-ref")
     together = Driver({"i128": five, "ctl-i128-cache": five, "reference": answers["reference"]})
 
     async def both():
@@ -98,6 +102,14 @@ def test_one_reference_probe_serves_every_turn_of_an_input_and_checkpoint():
     failing.answers["reference"] = (Replica("ref-r0"), ref, 0, None)
     assert probe(failing)["window_ref_logprobs"] == [-1.5, -2.5, -3.5]  # a failed probe is not kept: sent again
     assert [s[0] for s in failing.sent] == ["i128", "reference", "i128", "reference"]
+
+
+def test_no_reference_probe_for_a_candidate_window_that_cannot_be_compared():
+    short = replace(GEN, input_logprobs=[None, -1.0])  # 2 log-probs for the 4 prompt tokens from 4
+    driver = Driver({"i128": (Replica("i128-r1"), short, 0, None), "reference": (Replica("ref-r0"), GEN, 0, None)})
+    assert probe(driver)["window_error"] == ("candidate probe: the server returned 2 prompt log-probs for the 4 "
+                                             "tokens from 4")
+    assert [s[0] for s in driver.sent] == ["i128"]
 
 
 def test_a_probe_that_fails_says_where():
@@ -152,3 +164,43 @@ def test_the_reference_probes_held_are_bounded_and_a_dropped_one_is_asked_again(
         (0xAAAA0000, "k-aaaa0000/window-ref"), (0xBBBB0000, "k-bbbb0000/window-ref"),
         (0xCCCC0000, "k-cccc0000/window-ref"), (0xAAAA0000, "k-aaaa0000/window-ref")]  # b kept, a dropped
     assert list(driver.ref_windows.tasks) == [("bbbb0000", 4), ("aaaa0000", 4)]  # c dropped: least recently used
+
+
+def test_a_record_waiting_on_its_reference_probe_is_written_apart_and_a_point_waits_for_its_own():
+    async def go():
+        windows, written, gate = RefWindows(), [], asyncio.Event()
+
+        async def slow():
+            await gate.wait()
+            return {"window_ref_logprobs": [-1.0]}
+
+        async def quick():
+            return {"window_ref_logprobs": [-2.0]}
+
+        windows.finish_later(("i128", "c1"), slow, lambda f: written.append(("slow", f)))
+        windows.finish_later(("i128", "c4"), quick, lambda f: written.append(("quick", f)))
+        await asyncio.sleep(0)
+        await windows.drain(("i128", "c4"))
+        assert written == [("quick", {"window_ref_logprobs": [-2.0]})]  # the other point's record still waits
+        drained = asyncio.ensure_future(windows.drain(("i128", "c1")))
+        await asyncio.sleep(0)
+        assert not drained.done()
+        gate.set()
+        await drained
+        assert written[-1] == ("slow", {"window_ref_logprobs": [-1.0]})
+        windows.finish_later(("i128", "c8"), slow, written.append)
+        gate.clear()
+        stuck = asyncio.Event()
+
+        async def never():
+            await stuck.wait()
+            return {}
+
+        windows.finish_later(("i128", "c8"), never, written.append)
+        await asyncio.sleep(0)
+        windows.cancel(("i128", "c8"))  # the point stopped: its waiting records are not written
+        with pytest.raises(asyncio.CancelledError):
+            await windows.drain(("i128", "c8"))
+        return written
+
+    assert len(asyncio.run(go())) == 2
