@@ -93,8 +93,9 @@ async def candidate_probe(driver: Driver, pool: Pool, point: str, index: int, id
             refs, retries = task.result() if task.done() else await asyncio.shield(task)
         except HarnessError as e:  # the reference pool is gone: its own requests stop the run
             return {"window_error": f"reference probe: {e}"}
-        more = {"window_retries": out["window_retries"] + retries} if mine else {}  # a shared probe's re-sends
-        if isinstance(refs, str):  # are the record's that sent it
+        # the re-sends of a shared probe are the record's that sent it
+        more = {"window_retries": out["window_retries"] + retries} if mine else {}
+        if isinstance(refs, str):
             return {**more, "window_error": f"reference probe: {refs}"}
         return {**more, "window_logprobs": cand, "window_ref_logprobs": refs}
 

@@ -101,15 +101,14 @@ class DFlashWorker:
         for res, s in zip(results, steps, strict=True):
             res.tracked_step = int(s)
         if self.cfg.inject_fault:
-            self._mark_faults(reqs, track_slots, steps, posts, commit_lens, conv_steps)
+            self._mark_faults(reqs, track_slots, steps, starts, posts, commit_lens, conv_steps)
 
-    def _mark_faults(self, reqs: list[Req], track_slots: list[int] | None, steps: list[int], posts: list[int],
-                     commit_lens: list[int], conv_steps: list[int] | None) -> None:
+    def _mark_faults(self, reqs: list[Req], track_slots: list[int] | None, steps: list[int], starts: list[int],
+                     posts: list[int], commit_lens: list[int], conv_steps: list[int] | None) -> None:
         """The fault marks of this commit (StatePool.tainted): a checkpoint it wrote, or should have written,
         carries its request's mark, or one of its own where a fault wrote it from the wrong step, without its
         conv window, or not at all; a working conv window committed from the wrong step marks the request."""
         st = self.runner.caches.state
-        starts = [p - c for p, c in zip(posts, commit_lens, strict=True)]
         right = (mamba_steps_to_track(torch.tensor(starts, dtype=torch.int32), torch.tensor(posts),
                                       torch.tensor(commit_lens), self.cfg.mamba_track_interval).tolist()
                  if self.cfg.tracking else [-1] * len(reqs))
