@@ -8,22 +8,23 @@ sequence index `input_len + p`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from protocol.boundaries import boundaries_between, boundary_step, crossed_boundary, nearest_boundary_offset
-from records.schema import sweep_point_of
 from reports.envelope import Envelope
+from reports.links import OnPath, link_restored_checkpoints, seqs_on_path
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, Classification, classify
 
 # requests.csv columns, in order (documented in docs/reports.md).
 REQUEST_COLUMNS = [
     "key", "run_id", "pool", "variant", "interval", "concurrency", "block_size", "fault", "replica_id", "suite",
     "group", "case_id", "session_id", "turn", "input_hash", "input_len", "output_len", "ref_output_len",
-    "class", "detail", "oracle", "drift", "drift_onset", "drift_onset_pos", "drift_onset_offset",
-    "drift_compared", "onset_points_at", "first_divergence", "divergence_pos", "divergence_offset", "ref_margin",
+    "class", "detail", "oracle", "drift", "drift_before_flip", "drift_onset", "drift_onset_pos",
+    "drift_onset_offset", "drift_compared", "onset_points_at", "first_divergence", "divergence_pos",
+    "divergence_offset", "ref_margin",
     "cand_rank", "cand_token", "ref_token", "cached_tokens", "restored", "restored_offset",
     "prompt_offset", "crossing_source", "crossed_boundaries", "n_crossings", "n_untracked_crossings",
     "crossings", "restored_link", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
@@ -39,7 +40,7 @@ _INT_COLUMNS = [
     "restored_crossing_step", "restored_crossing_commit_len", "spec_verify_ct", "completion_tokens",
     "retries",
 ]
-_FLOAT_COLUMNS = ["drift", "ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
+_FLOAT_COLUMNS = ["drift", "drift_before_flip", "ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
 
 
 @dataclass(frozen=True)
@@ -144,8 +145,9 @@ def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, 
         "session_id": cand.get("session_id"), "turn": cand.get("turn"), "input_hash": cand.get("input_hash"),
         "input_len": input_len, "output_len": output_len, "ref_output_len": ref_output_len,
         "class": c.cls, "detail": c.detail, "oracle": c.oracle if c.cls != "error" else None,
-        "drift": c.drift.value, "drift_onset": c.drift.onset, "drift_onset_pos": onset_pos,
-        "drift_onset_offset": _offset(onset_pos, interval), "drift_compared": c.drift.compared,
+        "drift": c.drift.value, "drift_before_flip": c.drift.before, "drift_onset": c.drift.onset,
+        "drift_onset_pos": onset_pos, "drift_onset_offset": _offset(onset_pos, interval),
+        "drift_compared": c.drift.compared,
         "onset_points_at": onset_points_at(first_flag, cached > 0) if c.cls not in ("exact", "error") else None,
         "first_divergence": c.first_divergence, "divergence_pos": div_pos,
         "divergence_offset": _offset(div_pos, interval),
@@ -171,76 +173,6 @@ def crossing_dict(x: Crossing) -> dict:
     """`asdict(x)` without its deep copy (a Crossing holds only scalars)."""
     return {"boundary": x.boundary, "source": x.source, "pre_len": x.pre_len, "commit_len": x.commit_len,
             "step": x.step, "tracked": x.tracked, "tracked_agrees": x.tracked_agrees}
-
-
-OnPath = Callable[[int, int, int], bool]
-
-
-def seqs_on_path(seqs: list[tuple]) -> OnPath:
-    """`on_path(i, j, length)`: request i's first `length` input tokens are request j's input + output tokens
-    there (unknown ids: True); `seqs`: each row's (input ids, output ids)."""
-    def on_path(i: int, j: int, length: int) -> bool:
-        (ids, _), (prev_in, prev_out) = seqs[i], seqs[j]
-        if not ids or not prev_in:
-            return True
-        return list(ids[:length]) == (list(prev_in) + list(prev_out or []))[:length]
-
-    return on_path
-
-
-def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
-    """Link each turn that restored `cached_tokens = b` to the previous turn's crossing of b (same session and
-    sweep point): that is the #37817 signature, a checkpoint saved (or not) by the verify tracking path, then
-    restored by the next turn. When the previous turn restored b itself on the same path (a later turn that
-    branches off its history, workloads/README.md), the link goes to the turn before it that did not; a turn
-    that branched off below b restored another path's checkpoint ("none"). `cols`: the frame's columns
-    (its link columns are set here); `on_path`: whether a row's input went along another row's sequence.
-
-    `restored_link`: "verify" when the engine reported the previous turn's verify steps (spec_trace) and one
-    crossed b; "position" when it did not report them and b lies in the previous turn's generated positions
-    (so some verify step crossed it, which one is unknown); "prefill" when b lies inside the previous turn's
-    prompt past what that turn restored itself (a checkpoint its prefill took: on SGLang's 64-token grid, not
-    a multiple of the interval); "none" otherwise (the previous turn did not take it: another session's, or one
-    restored before); None without a restore or a previous turn.
-    """
-    pool, session, turns = cols["pool"], cols["session_id"], cols["turn"]
-    keys = cols.get("key") or [None] * len(turns)
-    point = [sweep_point_of(k, c) for k, c in zip(keys, cols["concurrency"], strict=True)]
-    cached_col, classes, intervals = cols["cached_tokens"], cols["class"], cols["interval"]
-    input_lens = cols["input_len"]
-    index: dict[tuple, int] = {}
-    for i in range(len(turns)):
-        index.setdefault((pool[i], point[i], session[i], turns[i]), i)
-    for i, turn in enumerate(turns):
-        cached = cached_col[i]
-        if not isinstance(turn, int) or turn <= 0 or cached <= 0:
-            continue
-        where = (pool[i], point[i], session[i])
-        prev = index.get((*where, turn - 1))
-        # a turn that restored this same checkpoint did not take it: the turn before it did (a turn that branches
-        # off its history restores the checkpoint the turn it branched from restored)
-        while prev is not None and cached_col[prev] == cached and turns[prev] > 0 and on_path(i, prev, cached):
-            prev = index.get((*where, turns[prev] - 1))
-        if prev is None:
-            continue
-        if classes[prev] == "error" or intervals[prev] is None:
-            continue  # what the previous turn crossed or took is unknown: no link claimed
-        cols["restored_link"][i] = "prefill" if cached_col[prev] < cached <= input_lens[prev] else "none"
-        if not on_path(i, prev, cached):
-            cols["restored_link"][i] = "none"
-            continue
-        for x in cols["crossings"][prev]:
-            if x["boundary"] != cached:
-                continue
-            if x["source"] == "reported":
-                cols["restored_link"][i] = "verify"
-                cols["restored_verify_crossed"][i] = True
-                cols["restored_crossing_step"][i] = x["step"]
-                cols["restored_crossing_commit_len"][i] = x["commit_len"]
-                cols["restored_crossing_tracked"][i] = x["tracked_agrees"]
-            else:
-                cols["restored_link"][i] = "position"
-            break
 
 
 def empty_frame() -> pd.DataFrame:

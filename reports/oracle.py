@@ -42,6 +42,9 @@ class Drift:
     # (cumulative drift, its limit) where the running sum passed the pool's envelope (reports/envelope.py) before
     # any single position passed the tolerance; None otherwise
     envelope: tuple[float, float] | None = None
+    # max |candidate - reference| before the first divergent token: what the path's numerics had moved before a
+    # flip, never the flip's own top-k (reports/numerics.py); the whole `value` when the tokens are equal
+    before: float | None = None
 
     @property
     def measured(self) -> bool:
@@ -165,10 +168,11 @@ def logprob_drift(cand: dict, ref: dict, upto: int, tolerance: float = DRIFT_TOL
         return Drift(None, None, 0)  # a side without log-probs (an engine that does not return them)
     onset = next((i for i, d in measured if d > tolerance), None)
     value = max((d for _, d in measured), default=0.0)
+    before = max((d for i, d in measured if i < upto), default=0.0)
     passed = envelope.onset([d for _, d in measured]) if envelope is not None else None
     if passed is not None and (onset is None or measured[passed[0]][0] < onset):
-        return Drift(value, measured[passed[0]][0], len(measured), (passed[1], passed[2]))
-    return Drift(value, onset, len(measured))
+        return Drift(value, measured[passed[0]][0], len(measured), (passed[1], passed[2]), before)
+    return Drift(value, onset, len(measured), before=before)
 
 
 def _at(seq: Sequence | None, i: int):

@@ -218,6 +218,8 @@ def _divergence_and_drift(cand: Side, ref: Side, rows_mask: np.ndarray, tol: np.
     onset = _first_true(rows, measured & (diff > tol[rows]), j, n)
     value = np.full(n, -np.inf)
     np.maximum.at(value, rows[measured], diff[measured])
+    before = np.full(n, -np.inf)  # the flip's own top-k left out (Drift.before)
+    np.maximum.at(before, rows[measured & ~top_only], diff[measured & ~top_only])
     compared = np.bincount(rows[measured], minlength=n)
     has_data = ((cand.lp_len > 0) | (cand.top_len > 0)) & ((ref.lp_len > 0) | (ref.top_len > 0))
     drifts: list[Drift | None] = [None] * n
@@ -226,7 +228,7 @@ def _divergence_and_drift(cand: Side, ref: Side, rows_mask: np.ndarray, tol: np.
             drifts[i] = Drift(None, None, 0)  # a side without log-probs: not measurable
         else:
             drifts[i] = Drift(float(value[i]) if compared[i] else 0.0, int(onset[i]) if onset[i] >= 0 else None,
-                              int(compared[i]))
+                              int(compared[i]), before=max(float(before[i]), 0.0))
             if envelopes[i] is not None and compared[i]:
                 drifts[i] = _with_envelope(drifts[i], envelopes[i], diff, measured, j, int(seg_start[i]),
                                            int(seg[i]))
@@ -242,4 +244,4 @@ def _with_envelope(d: Drift, envelope: Envelope, diff: np.ndarray, measured: np.
     passed = envelope.onset(values.tolist())
     if passed is None or (d.onset is not None and int(positions[passed[0]]) >= d.onset):
         return d
-    return Drift(d.value, int(positions[passed[0]]), d.compared, (passed[1], passed[2]))
+    return Drift(d.value, int(positions[passed[0]]), d.compared, (passed[1], passed[2]), d.before)

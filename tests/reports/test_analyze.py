@@ -276,7 +276,7 @@ def test_restored_link_by_verify_step_or_by_position(trace, cached, conc1, link)
 
 
 def test_no_link_is_claimed_when_the_previous_turn_errored():
-    from reports.analyze import link_restored_checkpoints
+    from reports.links import link_restored_checkpoints
 
     base = dict(pool="i128", concurrency=1, session_id="s", interval=128, restored_link=None,
                 restored_verify_crossed=False, crossings=[])

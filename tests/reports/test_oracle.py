@@ -114,6 +114,25 @@ def test_a_flip_whose_distribution_moved_is_hard_even_at_output_zero():
     assert c.drift.value == pytest.approx(0.45) and c.drift.compared == 1
 
 
+@pytest.mark.parametrize("shifts, flip_top, expected_before, expected_value", [
+    ({}, None, 0.0, 0.0),  # same tokens, no drift
+    ({1: 0.02, 3: 0.05}, None, 0.05, 0.05),  # same tokens: the whole turn is before any flip
+    ({1: 0.02}, [[-0.1, 32], [-0.6, 69]], 0.02, 0.35),  # the flip's own top-k moved 0.35: not before it
+    ({}, [[-0.1, 90], [-0.6, 91]], 0.0, 0.0),  # disjoint top-k at the flip: nothing to compare there
+])
+def test_drift_before_the_flip_leaves_the_flips_own_top_k_out(shifts, flip_top, expected_before, expected_value):
+    """What a path's numerics moved before a flip (reports/numerics.py weighs a flip's margin against it) never
+    counts the flip's own distribution: a wrong state that moves it would explain itself."""
+    p = prompt(40)
+    cand = drifted(candidate(p, list(OUT)), shifts)
+    if flip_top is not None:
+        cand = flipped(cand, 4, flip_top)
+    ref = reference(p, OUT, margins={4: 0.1} if flip_top is not None else None)
+    c = classify(cand, ref)
+    assert (c.drift.before, c.drift.value) == (pytest.approx(expected_before), pytest.approx(expected_value))
+    assert one([cand, ref])["drift_before_flip"] == pytest.approx(expected_before)
+
+
 def test_without_candidate_logprobs_the_margin_rule_decides_and_says_so():
     p = prompt(40)
     bare = {"output_logprobs": [], "output_top_logprobs": []}

@@ -1,0 +1,81 @@
+"""Restore links: which earlier turn's crossing (or prefill) a restored checkpoint comes from (the #37817 signature).
+
+A state-tracking bug does not hurt the request whose verify step crossed a boundary; it hurts the next turn that
+restores the checkpoint. `link_restored_checkpoints` ties each such turn to the crossing of its previous turn,
+over the columns of the requests frame (reports/analyze.py) before it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from records.schema import sweep_point_of
+
+OnPath = Callable[[int, int, int], bool]
+
+
+def seqs_on_path(seqs: list[tuple]) -> OnPath:
+    """`on_path(i, j, length)`: request i's first `length` input tokens are request j's input + output tokens
+    there (unknown ids: True); `seqs`: each row's (input ids, output ids)."""
+    def on_path(i: int, j: int, length: int) -> bool:
+        (ids, _), (prev_in, prev_out) = seqs[i], seqs[j]
+        if not ids or not prev_in:
+            return True
+        return list(ids[:length]) == (list(prev_in) + list(prev_out or []))[:length]
+
+    return on_path
+
+
+def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
+    """Link each turn that restored `cached_tokens = b` to the previous turn's crossing of b (same session and
+    sweep point): that is the #37817 signature, a checkpoint saved (or not) by the verify tracking path, then
+    restored by the next turn. When the previous turn restored b itself on the same path (a later turn that
+    branches off its history, workloads/README.md), the link goes to the turn before it that did not; a turn
+    that branched off below b restored another path's checkpoint ("none"). `cols`: the frame's columns
+    (its link columns are set here); `on_path`: whether a row's input went along another row's sequence.
+
+    `restored_link`: "verify" when the engine reported the previous turn's verify steps (spec_trace) and one
+    crossed b; "position" when it did not report them and b lies in the previous turn's generated positions
+    (so some verify step crossed it, which one is unknown); "prefill" when b lies inside the previous turn's
+    prompt past what that turn restored itself (a checkpoint its prefill took: on SGLang's 64-token grid, not
+    a multiple of the interval); "none" otherwise (the previous turn did not take it: another session's, or one
+    restored before); None without a restore or a previous turn.
+    """
+    pool, session, turns = cols["pool"], cols["session_id"], cols["turn"]
+    keys = cols.get("key") or [None] * len(turns)
+    point = [sweep_point_of(k, c) for k, c in zip(keys, cols["concurrency"], strict=True)]
+    cached_col, classes, intervals = cols["cached_tokens"], cols["class"], cols["interval"]
+    input_lens = cols["input_len"]
+    index: dict[tuple, int] = {}
+    for i in range(len(turns)):
+        index.setdefault((pool[i], point[i], session[i], turns[i]), i)
+    for i, turn in enumerate(turns):
+        cached = cached_col[i]
+        if not isinstance(turn, int) or turn <= 0 or cached <= 0:
+            continue
+        where = (pool[i], point[i], session[i])
+        prev = index.get((*where, turn - 1))
+        # a turn that restored this same checkpoint did not take it: the turn before it did (a turn that branches
+        # off its history restores the checkpoint the turn it branched from restored)
+        while prev is not None and cached_col[prev] == cached and turns[prev] > 0 and on_path(i, prev, cached):
+            prev = index.get((*where, turns[prev] - 1))
+        if prev is None:
+            continue
+        if classes[prev] == "error" or intervals[prev] is None:
+            continue  # what the previous turn crossed or took is unknown: no link claimed
+        cols["restored_link"][i] = "prefill" if cached_col[prev] < cached <= input_lens[prev] else "none"
+        if not on_path(i, prev, cached):
+            cols["restored_link"][i] = "none"
+            continue
+        for x in cols["crossings"][prev]:
+            if x["boundary"] != cached:
+                continue
+            if x["source"] == "reported":
+                cols["restored_link"][i] = "verify"
+                cols["restored_verify_crossed"][i] = True
+                cols["restored_crossing_step"][i] = x["step"]
+                cols["restored_crossing_commit_len"][i] = x["commit_len"]
+                cols["restored_crossing_tracked"][i] = x["tracked_agrees"]
+            else:
+                cols["restored_link"][i] = "position"
+            break
