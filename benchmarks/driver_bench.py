@@ -31,10 +31,10 @@ import aiohttp
 from aiohttp import web
 
 from harness.arrival import schedule
-from harness.config import RunConfig
 from harness.driver import Driver
 from harness.pools import Pool, Replica
 from harness.progress import Progress
+from harness.targets import run_config
 from harness.targets.builtin import candidate_engine, reference_engine
 from records.jsonl import RecordFiles
 from workloads.schema import Session, Turn
@@ -104,7 +104,7 @@ async def bench(url: str | None, args: argparse.Namespace, rate: float | None = 
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    cfg = RunConfig(intervals=(256,))
+    cfg = run_config(intervals=(256,))
     work = sessions(args.requests, args.prompt_len, args.max_new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
         cand = Pool("i256", "candidate", candidate_engine(cfg, 256), [Replica("i256-r0", url)], True, 5.0)

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 
 from harness.backends import Backend
 from harness.backends.sse import sse_data
-from harness.config import RunConfig
 from harness.driver import Driver
 from harness.pools import Pool, Replica
 from harness.progress import Progress
+from harness.targets import run_config
 from harness.targets.builtin import candidate_engine, reference_engine
 from records.jsonl import RecordFiles
 from records.rundir import input_hash
@@ -79,7 +79,7 @@ async def run_driver(sessions: list, run_dir: Path, rss, concurrency: int = 8) -
     `rss()` when the driver has finished, before the records are closed (a close may compact them)."""
     pool_name = sessions[0].t.pool
     interval = int(pool_name[1:]) if pool_name[1:].isdigit() else 128
-    cfg = RunConfig(intervals=(interval,))
+    cfg = run_config(intervals=(interval,))
     backend = ReplayBackend(sessions)
     cand = Pool(pool_name, "candidate", candidate_engine(cfg, interval), [Replica(f"{pool_name}-r0", "replay")],
                 True, 5.0, backend=backend)

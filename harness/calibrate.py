@@ -44,12 +44,8 @@ SOFT_SIGMAS = 3.0  # ... and at least that rate plus 3 binomial standard deviati
 
 def calibrating(cfg: RunConfig) -> bool:
     """Whether the run is calibrated: --calibrate, --baseline-run, or a noisy target (the built-in engine in a
-    dtype other than float32, vLLM, endpoints); the fp32 built-in engine is exact and keeps its tolerance."""
-    if cfg.calibrate or cfg.baseline_run:
-        return True
-    if cfg.endpoint:
-        return True
-    return cfg.engine != "builtin" or cfg.dtype != "float32"
+    dtype other than float32, vLLM, endpoints: its settings say); an exact target keeps its tolerance."""
+    return bool(cfg.calibrate or cfg.baseline_run or cfg.target.noisy)
 
 
 @dataclass(frozen=True)

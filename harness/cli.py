@@ -1,7 +1,8 @@
 """The `python -m harness.run` command line: flags and a TOML file into a RunConfig.
 
 Precedence: built-in defaults < `--config run.toml` < `RAY_ADDRESS` (address only)
-< explicit CLI flags. The flags are generated from RunConfig's fields.
+< explicit CLI flags. The flags are generated from the settings' declarations: the
+run-wide ones (RunConfig), --engine, and every registered target's own.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from harness.backends import BACKENDS
-from harness.config import ARRIVALS, DTYPES, PLACEMENTS, ConfigError, RunConfig, flag, kind_of
-from harness.targets import ENGINES, default_backend
+from harness.config import ConfigError, RunConfig
+from harness.settings import flag
+from harness.targets import all_settings, engines, run_config
 
 
 def _int(value):
@@ -85,10 +86,19 @@ def _args(value):
     return tuple(items)
 
 
-CHOICES = {"placement": PLACEMENTS, "backend": BACKENDS, "engine": ENGINES, "arrival": ARRIVALS, "dtype": DTYPES}
 ALIASES = {"model_path": ("--model",)}  # --engine vllm takes a model directory: `--model DIR` reads naturally
 CONVERTERS = {"int": _int, "float": _float, "str": _str, "bool": _bool, "ints": _ints, "floats": _floats,
               "strs": _strs, "cmd": _cmd, "args": _args}
+
+
+def kind_of(name: str) -> str:
+    """How the setting `name` (run-wide, --engine or a target's) is parsed (harness/settings.py KINDS)."""
+    return all_settings()[name].metadata["kind"]
+
+
+def choices_of(name: str) -> tuple[str, ...] | None:
+    """The values the setting `name` may take, where it has a fixed set (--engine: the registered targets)."""
+    return engines() if name == "engine" else all_settings()[name].metadata["choices"]
 
 
 def convert(name: str, value: object, source: str) -> object:
@@ -109,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "3 inconclusive (the run did not exercise what it gates: docs/reports.md), 130 interrupted.")
     p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the settings below "
                    "(keys are the flag names with '_'); flags given here override it")
-    for name, f in RunConfig.__dataclass_fields__.items():
+    for name, f in all_settings().items():
         kind, default = f.metadata["kind"], f.default
         if isinstance(default, tuple):
             default = ",".join(map(str, default))
@@ -120,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(flag(name), action="append", metavar="URL", help="repeatable; " + help_text)
         elif kind in ("ints", "floats"):
             p.add_argument(flag(name), metavar="N,N,...", help=help_text)
-        elif name in CHOICES:
-            p.add_argument(flag(name), choices=CHOICES[name], help=help_text)
+        elif choices_of(name):
+            p.add_argument(flag(name), choices=choices_of(name), help=help_text)
         else:
             metavar = {"cmd": "'CMD ARGS'", "args": "'--FLAG VALUE ...'"}.get(kind, kind.upper())
             p.add_argument(flag(name), *ALIASES.get(name, ()), dest=name, metavar=metavar, help=help_text)
@@ -140,7 +150,7 @@ def load_toml(path: str | Path) -> dict:
         raise ConfigError(f"--config {path}: cannot read ({e.strerror})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"--config {path}: not valid TOML ({e})") from None
-    known = RunConfig.__dataclass_fields__
+    known = all_settings()
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}; "
@@ -152,7 +162,7 @@ def attach_flag_values(argv: list[str]) -> list[str]:
     """`--candidate-args --disable-radix-cache` as `--candidate-args=--disable-radix-cache`: argparse takes a
     value that starts with `--` and has no space for an option of its own ("expected one argument"), but the
     value of a flags-kind setting (engine flags) always starts with `--`."""
-    flags_kind = {flag(n) for n, f in RunConfig.__dataclass_fields__.items() if f.metadata["kind"] == "args"}
+    flags_kind = {flag(n) for n, f in all_settings().items() if f.metadata["kind"] == "args"}
     out, i = [], 0
     while i < len(argv):
         if argv[i] in flags_kind and i + 1 < len(argv) and argv[i + 1].startswith("-"):
@@ -175,9 +185,4 @@ def from_argv(argv: list[str] | None, environ: Mapping[str, str]) -> tuple[RunCo
     if "address" not in values and environ.get("RAY_ADDRESS"):
         values["address"] = environ["RAY_ADDRESS"]
     values.update({k: convert(k, v, "cli") for k, v in ns.items()})
-    if "engine" in values and "backend" not in values and default_backend(values["engine"]):
-        values["backend"] = default_backend(values["engine"])  # what its replicas speak (vLLM: the OpenAI API)
-    for key in ("endpoint", "reference_endpoint"):
-        if values.get(key):
-            values[key] = tuple(u.rstrip("/") for u in values[key])
-    return RunConfig(**values), explicit
+    return run_config(values, explicit), explicit

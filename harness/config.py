@@ -1,109 +1,88 @@
-"""RunConfig: every setting of a harness run, validated here (the command line is harness/cli.py).
+"""RunConfig: the run-wide settings of a harness run (workload, sweep, cluster, gate, run directory), validated
+here, and the chosen target's own settings (harness/targets/; the command line is harness/cli.py).
 
-Each field carries its kind (how a flag or TOML value is parsed) and its help in
-its metadata, so a setting is declared once. Every flag `--foo-bar` has the TOML
-key `foo_bar`.
+Each field is declared once with `setting` (harness/settings.py): its kind, help and
+what a resume does with it; every flag `--foo-bar` has the TOML key `foo_bar`. The
+target's settings (`RunConfig.target`) come from the target's module: this module
+knows only what every target says of itself (harness/settings.py TargetSettings).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.engine_args import COVER_ARGS
+from harness.backends import BACKENDS
 from harness.errors import ConfigError
-from harness.targets import target_class, validate_target
+from harness.settings import TargetSettings, check_choices, declared, flag, setting
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 from reports.latency import parse_slo
 
+__all__ = ["ConfigError", "RunConfig", "flag", "validate"]
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
-# ints: comma list; strs: repeatable; cmd: a command line (argv); args: flags (argv, may be empty)
-KINDS = ("int", "float", "str", "bool", "ints", "floats", "strs", "cmd", "args")
 ARRIVALS = ("constant", "poisson")  # --arrival: how open-loop (--request-rate) send times are spaced
-DTYPES = ("float32", "bfloat16")  # --dtype of the built-in engine's pools
 
 GATE = GateThresholds()  # the gate's defaults, defined once in reports/gate.py
 
 
-def setting(default, kind: str, help: str):
-    """A RunConfig field: its default, how its flag / TOML value is parsed, and its help."""
-    assert kind in KINDS, kind
-    return field(default=default, metadata={"kind": kind, "help": help})
-
-
 @dataclass(frozen=True)
 class RunConfig:
-    """One harness run: workload, sweep, pools, cluster, run directory and gate thresholds."""
+    """One harness run: workload, sweep, cluster, run directory and gate thresholds, and `target`: the settings of
+    the kind of target it gates (which kind is the settings' `key`)."""
 
-    engine: str = setting("builtin", "str", "what the Ray replicas run: builtin (engine.serve), vllm (vLLM's "
-                          "OpenAI server from its own venv, see --vllm-python; implies --backend openai) or sglang "
-                          "(sglang.launch_server from its own venv, see --sglang-python)")
-    vllm_python: str | None = setting(None, "str", "--engine vllm: the vLLM venv's interpreter (default "
-                                      "$SPECGATE_VLLM_PYTHON, else .venv-vllm/bin/python from `make vllm`)")
+    target: TargetSettings  # the chosen target's own settings (harness/targets/<key>.py)
+
     calibrate: bool = setting(False, "bool", "calibrate the thresholds per code path from clean control pools "
                               "(docs/reports.md); automatic for noisy targets (--dtype bfloat16, vllm), an option "
-                              "for the fp32 built-in engine and sglang; the report shows the calibration")
-    sglang_python: str | None = setting(None, "str", "--engine sglang: the SGLang venv's interpreter (default "
-                                        "$SPECGATE_SGLANG_PYTHON, else .venv-sglang/bin/python from `make sglang`)")
-    dtype: str = setting("float32", "str", "built-in engine: the dtype of every pool (engine.serve --dtype): "
-                         "float32, the exact target, or bfloat16, a noisy one as GPU engines serve")
+                              "for the fp32 built-in engine and sglang; the report shows the calibration",
+                              resume="fixed")
     baseline_run: str | None = setting(None, "str", "a trusted run directory (e.g. the last release's) whose records "
                                        "calibrate the tolerances, path by path, and whose turns each restored turn "
-                                       "of the same request is compared with (the paired check)")
+                                       "of the same request is compared with (the paired check)", resume="fixed")
     min_coverage: float = setting(GATE.min_coverage, "float", "gate: the share of boundary cells a run must cross "
                                   "and restore; below it the verdict is INCONCLUSIVE")
-    suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)")
-    num_requests: int | None = setting(None, "int", "requests of the load suite")
+    suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)",
+                         resume="fixed")
+    num_requests: int | None = setting(None, "int", "requests of the load suite", resume="fixed")
     seed: int = setting(0, "int", "seed of the generated suites: the load profile, and where the frozen suite's "
-                        "text starts (0 with I=128/256, B=8 and the byte tokenizer: the committed frozen suite)")
-    intervals: tuple[int, ...] = setting((128, 256), "ints", "mamba track intervals; one candidate pool each")
-    concurrency: tuple[int, ...] = setting((1, 4, 8, 16), "ints", "sweep points: requests in flight per pool")
+                        "text starts (0 with I=128/256, B=8 and the byte tokenizer: the committed frozen suite)",
+                        resume="fixed")
+    intervals: tuple[int, ...] = setting((128, 256), "ints", "mamba track intervals; one candidate pool each",
+                                         resume="fixed")
+    concurrency: tuple[int, ...] = setting((1, 4, 8, 16), "ints", "sweep points: requests in flight per pool",
+                                           resume="fixed")
     request_rate: tuple[float, ...] = setting((), "floats", "open-loop sweep points: requests per second per pool, "
-                                              "beside the --concurrency points")
+                                              "beside the --concurrency points", resume="fixed")
     arrival: str = setting("constant", "str", "open-loop send times (--request-rate): constant spacing, or "
-                           "poisson (exponential gaps, seeded by --seed)")
-    warmup: int = setting(0, "int", "requests per sweep point that are sent and recorded as warmup, not gated")
+                           "poisson (exponential gaps, seeded by --seed)", resume="fixed", choices=ARRIVALS)
+    warmup: int = setting(0, "int", "requests per sweep point that are sent and recorded as warmup, not gated",
+                          resume="fixed")
     duration: float | None = setting(None, "float", "seconds a sweep point may send for; what is left is skipped "
-                                     "and reported")
+                                     "and reported", resume="fixed")
     max_error_rate: float | None = setting(None, "float", "stop a sweep point early once this fraction of its "
                                            "answered requests failed (reported)")
     slo: str | None = setting(None, "str", "latency objectives, e.g. 'ttft_ms=500,tpot_ms=50': SLO attainment and "
                               "goodput per sweep point")
     replicas: int = setting(1, "int", "replicas per candidate pool")
     reference_replicas: int = setting(1, "int", "replicas of the reference (cold-path) pool")
-    tp_size: int = setting(1, "int", "tensor-parallel ranks per replica")
-    block_size: int = setting(8, "int", "DFlash block size B (--speculative-num-draft-tokens)")
-    model_path: str = setting("default", "str", "default (bundled weights), random, or a weights directory "
-                              "(--model DIR: with --engine vllm, one from `python -m harness.models build`)")
-    model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)")
-    inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
-                                       "the reference stays the clean oracle")
-    candidate_args: tuple[str, ...] = setting((), "args", "engine flags for the candidate replicas only: "
-                                              "engine.serve's, e.g. '--max-state-slots 12'; with --engine vllm, "
-                                              "vLLM's, e.g. '--enable-prefix-caching --speculative-config JSON'")
-    diagnose: bool = setting(False, "bool", "differential diagnosis: add a speculation-only (radix off) and a "
-                             "cache-only (no speculation) pool per interval beside the full candidate")
-    cover: bool = setting(False, "bool", "built-in engine: run the cover suite with the scripted drafter, so "
-                          "every (verify step, commit length) boundary cell is crossed and restored per interval")
-    page_size: int | None = setting(None, "int", "KV page size of the replicas (engine default if unset)")
+    tp_size: int = setting(1, "int", "tensor-parallel ranks per replica", resume="fixed")
+    block_size: int = setting(8, "int", "DFlash block size B (--speculative-num-draft-tokens)", resume="fixed")
     address: str | None = setting(None, "str", "Ray cluster address (else RAY_ADDRESS, else auto on a `ray up` "
                                   "node, else a local Ray)")
     num_cpus: int | None = setting(None, "int", "logical CPUs of a local Ray (default: enough for every replica, "
                                    "at least the machine's cores)")
     placement: str = setting("STRICT_PACK", "str", "placement-group strategy of a replica's bundles (one per TP "
-                             "rank)")
+                             "rank)", choices=PLACEMENTS)
     runs_dir: str = setting("runs", "str", "where run directories go")
     run_id: str | None = setting(None, "str", "name of the run directory (default: UTC time + random suffix)")
     resume: str | None = setting(None, "str", "finish the interrupted run in RUN_DIR")
-    endpoint: tuple[str, ...] = setting((), "strs", "an already-running candidate server (repeatable); no Ray "
-                                        "replicas then")
-    reference_endpoint: tuple[str, ...] = setting((), "strs", "an already-running cold-path server (repeatable)")
     backend: str = setting("sglang", "str", "protocol of the --endpoint servers: sglang (native /generate, as the "
-                           "built-in engine) or openai (/v1/completions: vLLM and other OpenAI-compatible servers)")
+                           "built-in engine) or openai (/v1/completions: vLLM and other OpenAI-compatible servers)",
+                           resume="fixed", choices=BACKENDS)
     tokenizer: str | None = setting(None, "str", "the target's tokenizer: a tokenizer.json or a local model "
                                     "directory (default: the server's tokenizer_path when readable); nothing is "
-                                    "downloaded")
+                                    "downloaded", resume="runs")
     api_key: str | None = setting(None, "str", "sent as 'Authorization: Bearer KEY' (and given to built-in "
                                   "replicas)")
     request_timeout: float = setting(600.0, "float", "seconds per request")
@@ -125,10 +104,7 @@ class RunConfig:
     no_restore_window: bool = setting(False, "bool", "send no restore-window probe: by default each turn that "
                                       "restored a checkpoint is sent again to its replica and to the reference "
                                       "scoring its prompt tokens past the checkpoint, where a wrong restored "
-                                      "state shows first (SGLang protocol only; docs/reports.md)")
-    server_command: tuple[str, ...] | None = setting(
-        None, "cmd", "replica server command (default: 'python -m engine.serve'; a leading python is the "
-        "replica's interpreter)")
+                                      "state shows first (SGLang protocol only; docs/reports.md)", resume="fixed")
     margin_threshold: float = setting(GATE.margin_threshold, "float", "gate: top-1/top-2 log-prob margin below "
                                       "which a flip is soft")
     max_soft_rate: float = setting(GATE.max_soft_rate, "float", "gate: largest allowed fraction of soft flips")
@@ -146,58 +122,64 @@ class RunConfig:
                                      "command line only")
     no_progress: bool = setting(False, "bool", "no live progress bar")
 
+
     def __post_init__(self) -> None:
         validate(self)
 
     @property
+    def key(self) -> str:
+        """The kind of target the run gates (its settings' key: builtin, vllm, sglang, endpoints, ...)."""
+        return self.target.key
+
+    @property
     def external(self) -> bool:
-        """True when driving already-running servers instead of built-in replicas."""
-        return bool(self.endpoint)
+        """True when driving already-running servers instead of starting replicas."""
+        return not self.target.managed
 
     @property
     def gate(self) -> GateThresholds:
         """The gate's thresholds for this run (the drift tolerance resolved per target)."""
-        tolerance = self.drift_tolerance
-        if tolerance is None:
-            tolerance = target_class(self).drift_tolerance
+        tolerance = self.target.drift_tolerance if self.drift_tolerance is None else self.drift_tolerance
         return GateThresholds(max_hard=self.max_hard, max_errors=self.max_errors, max_soft_rate=self.max_soft_rate,
                               margin_threshold=self.margin_threshold, max_drift=self.max_drift,
                               drift_tolerance=tolerance)
 
     @property
     def workload(self) -> str:
-        """The suite the run drives: `cover` under --cover, else --suite."""
-        return "cover" if self.cover else self.suite
+        """The suite the run drives: --suite, unless the target runs one of its own (the built-in --cover)."""
+        return self.target.suite(self.suite)
 
-    @property
-    def candidate_engine_args(self) -> tuple[str, ...]:
-        """Engine flags of the candidate replicas: --cover's scripted drafter, then --candidate-args."""
-        return (COVER_ARGS if self.cover else ()) + self.candidate_args
+    def settings(self) -> dict:
+        """Every setting by name, run-wide and the target's, as one flat mapping (the API key in clear)."""
+        run = {name: getattr(self, name) for name in declared(RunConfig)}
+        own = {name: getattr(self.target, name) for name in declared(type(self.target))}
+        return {**run, **own}
 
     def to_json(self) -> dict:
-        """The config as JSON-ready values, the API key redacted."""
-        d = asdict(self)
+        """The config as JSON-ready values, flat as the flags are, with `target` (its kind) and, for a started
+        target, `engine` (the --engine value); the API key redacted."""
+        d = {**asdict(self), **self.target.to_json()}
+        d.pop("target", None)
+        d["target"] = self.key
+        if self.target.managed:
+            d["engine"] = self.key
         if d["api_key"]:
             d["api_key"] = "***"
         return d
 
 
 def kind_of(name: str) -> str:
-    """How the setting `name` is parsed (one of KINDS)."""
-    return RunConfig.__dataclass_fields__[name].metadata["kind"]
-
-
-def flag(name: str) -> str:
-    """The command-line flag of the setting `name`."""
-    return "--" + name.replace("_", "-")
+    """How the run-wide setting `name` is parsed (harness/settings.py KINDS)."""
+    return declared(RunConfig)[name].metadata["kind"]
 
 
 def validate(c: RunConfig) -> None:
-    """Raise ConfigError on the first bad or inconsistent setting, naming its flag."""
+    """Raise ConfigError on the first bad or inconsistent setting, naming its flag; then the target's own."""
     def need(ok: bool, msg: str) -> None:
         if not ok:
             raise ConfigError(msg)
 
+    need(isinstance(c.target, TargetSettings), f"RunConfig.target must be a target's settings, got {c.target!r}")
     need(bool(c.suite), "--suite must not be empty")
     need(c.num_requests is None or c.num_requests >= 1, f"--num-requests must be >= 1, got {c.num_requests}")
     need(c.seed >= 0, f"--seed must be >= 0, got {c.seed}")
@@ -219,8 +201,7 @@ def validate(c: RunConfig) -> None:
     need(0 <= c.max_soft_rate <= 1, f"--max-soft-rate must be in [0, 1], got {c.max_soft_rate}")
     need(c.drift_tolerance is None or c.drift_tolerance >= 0,
          f"--drift-tolerance must be >= 0, got {c.drift_tolerance}")
-    need(c.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}")
-    need(c.arrival in ARRIVALS, f"--arrival must be one of {', '.join(ARRIVALS)}, got {c.arrival!r}")
+    check_choices(c, need)
     need(all(r > 0 for r in c.request_rate), f"--request-rate values must be > 0, got {list(c.request_rate)}")
     need(len(set(c.request_rate)) == len(c.request_rate), f"--request-rate has repeated values: {list(c.request_rate)}")
     need(c.warmup >= 0, f"--warmup must be >= 0, got {c.warmup}")
@@ -232,35 +213,16 @@ def validate(c: RunConfig) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     need(0 <= c.min_coverage <= 1, f"--min-coverage must be in [0, 1], got {c.min_coverage}")
-    need(c.placement in PLACEMENTS, f"--placement must be one of {', '.join(PLACEMENTS)}, got {c.placement!r}")
-    if not c.external:
-        for i in c.intervals:
-            need(i >= c.block_size, f"--intervals: interval {i} is smaller than --block-size {c.block_size} "
-                 "(one verify step may cross at most one boundary)")
-            need(c.page_size is None or i % c.page_size == 0,
-                 f"--intervals: interval {i} is not a multiple of --page-size {c.page_size}")
-    need(c.page_size is None or c.page_size >= 1, f"--page-size must be >= 1, got {c.page_size}")
-    need(c.model_preset is None or c.model_path == "random",
-         f"--model-preset applies to --model-path random only (model path is {c.model_path!r})")
-    if c.inject_fault is not None:
-        from engine.faults import check_fault_name
-
-        try:
-            check_fault_name(c.inject_fault)
-        except ValueError as e:
-            raise ConfigError(f"--inject-fault: {e}") from None
     if c.baseline_run is not None:  # checked before any replica starts: the calibration reads it at the end
         records = Path(c.baseline_run) / "records"
         need(records.is_dir() and any(records.iterdir()),
              f"--baseline-run: {c.baseline_run!r} is not a run directory with records (no files in {records})")
-    for url in c.endpoint + c.reference_endpoint:
-        need(re.match(r"^https?://[^/\s]+", url) is not None,
-             f"--endpoint / --reference-endpoint must be http(s)://host:port URLs, got {url!r}")
-    validate_target(c, need)
-    need(not c.reference_endpoint or c.endpoint, "--reference-endpoint needs --endpoint (external candidates)")
-    need(not c.endpoint or c.reference_endpoint,
-         "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
-         "the same model, served without speculation and without radix cache")
+    path = c.tokenizer
+    need(path is None or bool(path) and (not path.startswith((".", "/", "~")) and not path.endswith(".json")
+                                         or Path(path).expanduser().exists()),
+         f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
+    for name in type(c.target).refuses:
+        need(not getattr(c, name), c.target.refused(name, ()))
+    c.target.validate(c, need)
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")
-

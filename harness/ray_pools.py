@@ -19,6 +19,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.errors import HarnessError
@@ -28,7 +29,24 @@ from harness.progress import wait_all
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
-    from harness.targets.managed import Launch
+    from harness.replica import ServerSite
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a pool's replica actors run.
+
+    `command`: the server command (None: `python -m engine.serve`, a leading `python` being the node's project
+    interpreter); `args`: its flags, host and port added per replica; `engine_cfg`: the built-in engine's
+    EngineConfig as a dict (its tensor-parallel rank actors are built from it; None for other engines);
+    `environment`: a module-level function (it travels to the actor by reference) that turns the inherited
+    environment into the server's, given where it runs (None: the project's own, harness/replica.py).
+    """
+
+    command: tuple[str, ...] | None
+    args: tuple[str, ...]
+    engine_cfg: dict | None = None
+    environment: Callable[[dict, ServerSite], dict] | None = None
 
 
 def resolve_address(address: str | None) -> str | None:

@@ -12,40 +12,62 @@ another value. Everything else (timeouts, retries, gate thresholds, progress, ..
 from __future__ import annotations
 
 import shlex
-from dataclasses import fields
 from pathlib import Path
 
-from harness.config import ConfigError, RunConfig, flag, kind_of
+from harness.config import ConfigError, RunConfig
+from harness.settings import default_of, flag
+from harness.targets import RESUME_ONLY, all_settings, run_config
 
-# Settings that choose a program to run or what it loads: never from a run directory unless --trust-run-config.
-CHOOSES_WHAT_RUNS = ("engine", "vllm_python", "sglang_python", "server_command", "model_path", "tokenizer",
-                     "candidate_args")
-# Settings that define the workload or the pools; a resume must not change them.
-RESUME_FIXED = ("suite", "num_requests", "seed", "intervals", "concurrency", "block_size", "model_preset",
-                "inject_fault", "page_size", "tp_size", "backend", "diagnose", "cover", "calibrate", "dtype",
-                "request_rate", "arrival", "warmup", "duration", "endpoint", "reference_endpoint", "baseline_run",
-                "no_restore_window", *CHOOSES_WHAT_RUNS)
 ADDRESS = "address"  # the Ray cluster: the command line's, unless --trust-run-config
+
+
+def _role(name: str) -> str:
+    return all_settings()[name].metadata["resume"]
+
+
+def chooses_what_runs() -> tuple[str, ...]:
+    """Settings that choose a program to run or what it loads: never from a run directory unless
+    --trust-run-config (each setting declares it: resume="runs")."""
+    return tuple(n for n in all_settings() if _role(n) == "runs")
+
+
+def resume_fixed() -> tuple[str, ...]:
+    """Settings that define the workload or the pools (resume="fixed"), and those that choose what runs: a resume
+    must not change them."""
+    return tuple(n for n in all_settings() if _role(n) in ("fixed", "runs"))
+
+
+def _kind(name: str) -> str:
+    return all_settings()[name].metadata["kind"]
 
 
 def _shown(name: str, value: object) -> str:
     """A setting's value as its flag would take it."""
-    if kind_of(name) in ("cmd", "args") and value is not None:
+    if _kind(name) in ("cmd", "args") and value is not None:
         return repr(shlex.join(value))
     return repr(list(value) if isinstance(value, tuple) else value)
 
 
 def _saved_settings(saved: dict, run_dir: Path) -> dict:
-    """The stored run config's known settings, lists as tuples; a stored command that is not strings is refused."""
-    known = {f.name for f in fields(RunConfig)}
+    """The stored run config's known settings (and its target's kind), lists as tuples; a stored command that is
+    not strings is refused."""
+    known = all_settings()
     base = {k: v for k, v in saved.items() if k in known}
     for k, v in base.items():
-        if v is not None and kind_of(k) in ("ints", "floats", "strs", "cmd", "args"):
-            if not isinstance(v, (list, tuple)) or (kind_of(k) in ("cmd", "args", "strs")
+        if v is not None and _kind(k) in ("ints", "floats", "strs", "cmd", "args"):
+            if not isinstance(v, (list, tuple)) or (_kind(k) in ("cmd", "args", "strs")
                                                     and not all(isinstance(x, str) for x in v)):
                 raise ConfigError(f"{run_dir}/config.json: {k} must be a list of strings, got {v!r}")
             base[k] = tuple(v)
+    if isinstance(saved.get(RESUME_ONLY), str):
+        base[RESUME_ONLY] = saved[RESUME_ONLY]
     return base
+
+
+def _value(settings: dict, name: str) -> object:
+    """A setting's value in flat settings, its default where they do not hold it (another target's setting: a run
+    keeps its own target's settings only, so one it does not hold was at its default)."""
+    return settings[name] if name in settings else default_of(all_settings()[name])
 
 
 def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path) -> RunConfig:
@@ -56,30 +78,33 @@ def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path)
     the pools is given with another value than the run's.
     """
     base = _saved_settings(saved, run_dir)
+    now = {**given.settings(), "engine": given.key if given.target.managed else _value({}, "engine")}
     if not given.trust_run_config:
         base[ADDRESS] = given.address
-        for k in CHOOSES_WHAT_RUNS:
-            stored, now = base.get(k, getattr(given, k)), getattr(given, k)
-            if stored != now and k not in explicit:
+        for k in chooses_what_runs():
+            stored = _value(base, k)
+            if stored != _value(now, k) and k not in explicit:
                 raise ConfigError(
                     f"--resume {run_dir}: the run used {flag(k)} {_shown(k, stored)}, this command line gives "
-                    f"{_shown(k, now)}; a resume never runs a command stored in a run directory, nor takes a "
-                    f"program, interpreter, model, tokenizer, server flags or engine from it: give {flag(k)} "
-                    "again, or --trust-run-config to use the stored value")
+                    f"{_shown(k, _value(now, k))}; a resume never runs a command stored in a run directory, nor "
+                    f"takes a program, interpreter, model, tokenizer, server flags or engine from it: give "
+                    f"{flag(k)} again, or --trust-run-config to use the stored value")
+    fixed = resume_fixed()
     for k in sorted(explicit - {"resume"}):
-        if k in RESUME_FIXED and getattr(given, k) != base.get(k, getattr(given, k)):
-            raise ConfigError(f"{flag(k)} cannot change on --resume (the run used {_shown(k, base.get(k))}; this "
-                              f"command line gives {_shown(k, getattr(given, k))}): start a new run")
-    known = {f.name for f in fields(RunConfig)}
-    overrides = {k: getattr(given, k) for k in explicit if k in known and k not in RESUME_FIXED}
+        if k in fixed and _value(now, k) != _value(base, k):
+            raise ConfigError(f"{flag(k)} cannot change on --resume (the run used {_shown(k, _value(base, k))}; this "
+                              f"command line gives {_shown(k, _value(now, k))}): start a new run")
+    overrides = {k: _value(now, k) for k in explicit if k in all_settings() and k not in fixed}
     if base.get("api_key") == "***":
         base["api_key"] = None
     base.update(overrides)
     base.update(run_id=run_dir.name, runs_dir=str(run_dir.parent), resume=str(run_dir), dry_run=given.dry_run,
                 trust_run_config=given.trust_run_config)
+    if not given.trust_run_config and "engine" in explicit:  # a stored kind yields to the engine given again
+        base.pop(RESUME_ONLY, None)
     try:
-        return RunConfig(**base)
-    except TypeError as e:
+        return run_config(base)
+    except ConfigError as e:
         raise ConfigError(f"{run_dir}/config.json: unusable run config ({e})") from None
 
 
@@ -87,11 +112,13 @@ def trusted_lines(cfg: RunConfig, config_path: Path) -> list[str]:
     """What a `--trust-run-config` resume takes from `config_path` that chooses what runs: one line each, to print
     before anything runs."""
     lines = []
-    if cfg.server_command:
+    settings = {**cfg.settings(), "engine": cfg.key}
+    command = settings.get("server_command")
+    if command:
         lines.append(f"--trust-run-config: running the server command stored in {config_path}: "
-                     f"{shlex.join(cfg.server_command)}")
-    for k in (*CHOOSES_WHAT_RUNS, ADDRESS):
-        value = getattr(cfg, k)
+                     f"{shlex.join(command)}")
+    for k in (*chooses_what_runs(), ADDRESS):
+        value = settings.get(k)
         if k != "server_command" and value not in (None, ()):
             lines.append(f"--trust-run-config: {flag(k)} {_shown(k, value)} (from {config_path})")
     return lines

@@ -78,7 +78,7 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
             problem = target.check_reported(pool, url, pool.server_info)
             if problem:
                 raise HarnessError(problem)
-        write_config(run_dir, cfg, target, run_id, plan, [*cands, ref], resumed)
+        write_config(run_dir, cfg, target, run_id, plan, [*cands, ref], resumed, type(ref.backend).window_unprobed)
         sessions = {p.name: p.sessions for p in plan.candidates}
         recorded = sum(1 for k in existing if any(k.startswith(p.name + "-c") for p in plan.candidates))
         progress = Progress(plan.total_candidate_requests, recorded,

@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 
 def write_config(run_dir: Path, cfg: RunConfig, target: Target, run_id: str, plan: Plan, pools: list[Pool],
-                 resumed: bool) -> None:
-    """config.json: the RunConfig, run id, engine settings per pool, gate thresholds."""
+                 resumed: bool, window_unprobed: str | None = None) -> None:
+    """config.json: the RunConfig, run id, what the target says of itself, engine settings per pool, gate thresholds;
+    `window_unprobed`: why the servers' protocol sends no restore-window probe (None: it sends them)."""
     path = run_dir / "config.json"
     old = json.loads(path.read_text()) if path.exists() else {}
     was, now = old.get("plan") or {}, (plan.workload, plan.tokenizer.name if plan.tokenizer is not None else None)
@@ -36,6 +37,9 @@ def write_config(run_dir: Path, cfg: RunConfig, target: Target, run_id: str, pla
         "resumed": old.get("resumed", []) + ([time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())] if resumed
                                              else []),
         "run_config": cfg.to_json(),
+        # what the target says of itself: the report reads these, never the target's name
+        "target": {"key": cfg.key, "noisy": cfg.target.noisy, "drift_tolerance": cfg.target.drift_tolerance,
+                   "window_unprobed": target.window_unprobed(window_unprobed)},
         "gate": asdict(cfg.gate),
         # what each pool's servers cannot report
         "narrowed": {p.name: list(target.reported(p.server_info).unknown) for p in pools},

@@ -87,7 +87,7 @@ def load_sessions(cfg: RunConfig, target: WorkloadTarget) -> tuple[list, int]:
 
 def suite_flag(cfg: RunConfig) -> str:
     """The flag that chose the workload, for messages."""
-    return "--cover" if cfg.cover else f"--suite {cfg.suite}"
+    return cfg.target.suite_flag(cfg.suite)
 
 
 def describe(cfg: RunConfig, target: WorkloadTarget, left_out: int = 0) -> str:

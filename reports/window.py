@@ -142,15 +142,22 @@ def with_windows(df: pd.DataFrame, facts: Mapping[str, WindowFact | str], limits
     return df.assign(**{c: pd.Series(v, index=df.index, dtype=object) for c, v in cols.items()})
 
 
+OPENAI_UNPROBED = ("the OpenAI protocol cannot score a prompt without changing what the server caches (vLLM serves a "
+                   "request asking for prompt log-probs uncached), so no probe is sent")
+
+
 def unprobed_reason(config: Mapping) -> str:
-    """Why a run's restored turns have no restore window, from its config.json (the run's settings are under
+    """Why a run's restored turns have no restore window, from its config.json: what the run's target said when
+    it started (`target.window_unprobed`), else, for a run written before it said so, its settings (under
     `run_config`)."""
+    facts = config.get("target")
+    if isinstance(facts, Mapping) and "window_unprobed" in facts:
+        return facts["window_unprobed"] or "no probe answered"
     settings = {**config, **(config.get("run_config") or {})}
     if settings.get("no_restore_window"):
         return "--no-restore-window"
-    if settings.get("backend") == "openai" or settings.get("engine") == "vllm":
-        return ("the OpenAI protocol cannot score a prompt without changing what the server caches (vLLM serves a "
-                "request asking for prompt log-probs uncached), so no probe is sent")
+    if settings.get("backend") == "openai":  # a run of vLLM's target too: it speaks the OpenAI protocol
+        return OPENAI_UNPROBED
     return "no probe answered (or a run from before the probe)"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import aiohttp
 
@@ -52,6 +53,9 @@ class Backend(ABC):
     @abstractmethod
     def payload(self, input_ids: list[int], max_new_tokens: int, stream: bool) -> dict:
         """The request body for greedy, fixed-length generation with logprobs."""
+
+    # why the protocol sends no restore-window probe (window_payload gives None); None where it sends one
+    window_unprobed: ClassVar[str | None] = None
 
     def window_payload(self, input_ids: list[int], start: int) -> dict | None:
         """The body of a restore-window probe (harness/window.py): `input_ids` again, scoring its prompt tokens

@@ -28,6 +28,7 @@ from harness.backends.openai_probe import check_answers, find_flush
 from harness.backends.sglang_probe import fetch_server_info
 from harness.backends.sse import DONE, sse_data, stream_timing
 from records.schema import Generation
+from reports.window import OPENAI_UNPROBED
 
 VENDOR_FIELDS = ("ignore_eos", "return_token_ids")  # vLLM/SGLang extensions a strict OpenAI server refuses
 ALWAYS_UNKNOWN = ("spec_trace", "spec_verify_ct")  # the OpenAI API reports no verify steps per request
@@ -48,6 +49,7 @@ class Endpoint:
 
 class OpenAIBackend(Backend):
     name = "openai"
+    window_unprobed = OPENAI_UNPROBED
 
     def __init__(self, api_key: str | None = None, tokenizer: str | None = None, defaults: dict | None = None):
         super().__init__(api_key, tokenizer, defaults)

@@ -23,3 +23,20 @@ ARCHS = {
 # arch -> SGLang flags: fp32 as built (SGLang's default --dtype auto serves an fp32 checkpoint as fp16)
 SGLANG_ARGS = {arch: ("--dtype", "float32") for arch in ARCHS}
 MODEL_CARD = "specgate_model.json"  # what was built and the engines' flags it needs
+
+
+def card_args(model_dir: str, key: str) -> tuple[str, tuple[str, ...]]:
+    """(the model directory, resolved; the flags its model card asks one engine for under `key`, `vllm_args` or
+    `sglang_args`): none where the directory has no readable card."""
+    import json
+    from pathlib import Path
+
+    path = Path(model_dir).expanduser().resolve()
+    card = path / MODEL_CARD
+    extra: tuple[str, ...] = ()
+    if card.is_file():
+        try:
+            extra = tuple(json.loads(card.read_text()).get(key) or ())
+        except (OSError, ValueError):
+            extra = ()
+    return str(path), extra

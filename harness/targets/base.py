@@ -4,7 +4,8 @@ A target is one kind of thing a run gates: the built-in engine under Ray, vLLM
 under Ray, already-running endpoints, ... (the registry is harness/targets/__init__.py).
 harness/run.py calls only these methods, in this order:
 
-1. `validate` (from RunConfig, before anything else): the target's own settings;
+1. its settings (`settings_class`, a TargetSettings declared beside it) are parsed and
+   validated with the RunConfig, before anything else;
 2. `probe`: what servers report before anything is written (already-running ones only);
 3. `workload` and `sessions`: what the workload is built for (intervals, block size,
    tokenizer, context), and its sessions;
@@ -23,7 +24,6 @@ probe returns (SGLang's server-args names, whatever the backend).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +32,14 @@ from typing import TYPE_CHECKING, ClassVar
 from harness.backends import PROBE_KEY
 from harness.backends.info import block_size_of, speculative, strategy_of
 from harness.plan import Plan
+from harness.settings import TargetSettings
 from harness.workload import WorkloadTarget, load_sessions
-from reports.gate import EXTERNAL_DRIFT_TOLERANCE
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
     from harness.pools import Pool
 
-CONTROLS = ("calibrate", "candidate_args", "diagnose", "cover")  # run settings that add or change pools
-Need = Callable[[bool, str], None]  # need(ok, message) raises the ConfigError naming the flag
+CONTROLS = ("calibrate", "candidate_args", "diagnose", "cover")  # settings that add or change pools
 
 
 @dataclass(frozen=True)
@@ -73,31 +72,21 @@ def reported_settings(info: dict) -> Reported:
 
 
 class Target(ABC):
-    """One kind of target. A subclass sets `key` (its registry name), `managed` (the harness starts its servers
-    under Ray) and `controls` (which of CONTROLS it offers: the others are refused before `validate`, with
-    `refused`'s message), and implements the abstract methods."""
+    """One kind of target. A subclass sets `settings_class` (its own settings, whose `key` and `managed` become the
+    target's) and implements the abstract methods; `self.settings` is the run's instance of them."""
 
+    settings_class: ClassVar[type[TargetSettings]] = TargetSettings
     key: ClassVar[str] = ""
     managed: ClassVar[bool] = True
-    controls: ClassVar[frozenset[str]] = frozenset()
-    default_backend: ClassVar[str] = "sglang"  # --backend when not given
-    drift_tolerance: ClassVar[float] = EXTERNAL_DRIFT_TOLERANCE  # the gate's default --drift-tolerance
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.key, cls.managed = cls.settings_class.key, cls.settings_class.managed
 
     def __init__(self, cfg: RunConfig) -> None:
+        assert isinstance(cfg.target, self.settings_class), (cfg.target, self.settings_class)
         self.cfg = cfg
-
-    # --- settings -------------------------------------------------------------------------------------------
-    @classmethod
-    @abstractmethod
-    def validate(cls, cfg: RunConfig, need: Need) -> None:
-        """The target's own settings (RunConfig validates the rest); `need(ok, message)` raises."""
-
-    @classmethod
-    def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
-        """Why `--<control>`, one of CONTROLS the target does not offer, is refused (the ConfigError message);
-        `offered_by`: the --engine values that offer it."""
-        where = f" (--engine {' or '.join(offered_by)} does)" if offered_by else ""
-        return f"--{control.replace('_', '-')} does not apply to this target{where}"
+        self.settings = cfg.target
 
     # --- workload -------------------------------------------------------------------------------------------
     @abstractmethod
@@ -145,6 +134,11 @@ class Target(ABC):
         if pool.role == "candidate" and interval is not None and planned is not None and interval != planned:
             return f"pool {pool.name}: the server reports mamba_track_interval {interval}"
         return None
+
+    def window_unprobed(self, backend_reason: str | None) -> str | None:
+        """Why restored turns get no restore-window probe (None: they do); `backend_reason`: what the servers'
+        protocol says (harness/backends: None where it can score a prompt)."""
+        return "--no-restore-window" if self.cfg.no_restore_window else backend_reason
 
     def finish(self, run_dir: Path) -> list[str]:
         """Lines for the log after the pools were driven (read from the run directory)."""

@@ -13,18 +13,18 @@ flags' intervals and B in the byte tokenizer.
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
 from engine.server.config import to_argv
 from harness.backends import Backend, make_backend
 from harness.calibrate import calibrating
-from harness.engine_args import EngineArgsError, check_config, engine_overrides
+from harness.engine_args import COVER_ARGS, EngineArgsError, check_config, engine_overrides
 from harness.errors import ConfigError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan, sessions_for, skipped
-from harness.targets.base import Need
-from harness.targets.managed import Launch, ManagedTarget
+from harness.settings import Need, setting
+from harness.targets.managed import Launch, ManagedSettings, ManagedTarget, diagnose_setting
 from harness.workload import WorkloadTarget, from_flags
 from reports.controls import CONTROL_PREFIX
 from reports.gate import GateThresholds
@@ -32,23 +32,101 @@ from reports.gate import GateThresholds
 if TYPE_CHECKING:
     from harness.config import RunConfig
 
+DTYPES = ("float32", "bfloat16")  # --dtype of the built-in engine's pools
 DEFAULT_SERVER_COMMAND = ("python", "-m", "engine.serve")  # a leading python is the replica's interpreter
 # --diagnose pools beside the full candidate `i<I>`: name suffix -> (speculative, radix cache)
 DIAGNOSE_VARIANTS = {"spec": (True, False), "cache": (False, True)}
+
+
+@dataclass(frozen=True)
+class BuiltinSettings(ManagedSettings):
+    """The built-in engine's own settings (engine.serve's flags the harness sets per pool)."""
+
+    key = "builtin"
+
+    model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)",
+                                       resume="fixed")
+    dtype: str = setting("float32", "str", "built-in engine: the dtype of every pool (engine.serve --dtype): "
+                         "float32, the exact target, or bfloat16, a noisy one as GPU engines serve", resume="fixed",
+                         choices=DTYPES)
+    page_size: int | None = setting(None, "int", "KV page size of the replicas (engine default if unset)",
+                                    resume="fixed")
+    inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
+                                       "the reference stays the clean oracle", resume="fixed")
+    diagnose: bool = diagnose_setting()
+    cover: bool = setting(False, "bool", "built-in engine: run the cover suite with the scripted drafter, so "
+                          "every (verify step, commit length) boundary cell is crossed and restored per interval",
+                          resume="fixed")
+
+    @property
+    def noisy(self) -> bool:
+        """fp32 is exact (bit-identical numerics on every path); any other dtype is calibrated."""
+        return self.dtype != "float32"
+
+    @property
+    def drift_tolerance(self) -> float:
+        return GateThresholds().drift_tolerance
+
+    def suite(self, suite: str) -> str:
+        return "cover" if self.cover else suite
+
+    def suite_flag(self, suite: str) -> str:
+        return "--cover" if self.cover else f"--suite {suite}"
+
+    @property
+    def candidate_engine_args(self) -> tuple[str, ...]:
+        """Engine flags of the candidate replicas: --cover's scripted drafter, then --candidate-args."""
+        return (COVER_ARGS if self.cover else ()) + self.candidate_args
+
+    def validate(self, run: RunConfig, need: Need) -> None:
+        """Pages, model, fault, the SGLang backend, and candidate flags the engine accepts: --candidate-args,
+        --cover (which runs its own suite) and the EngineConfig every candidate pool would be built with."""
+        super().validate(run, need)
+        need(self.page_size is None or self.page_size >= 1, f"--page-size must be >= 1, got {self.page_size}")
+        for i in run.intervals:
+            need(self.page_size is None or i % self.page_size == 0,
+                 f"--intervals: interval {i} is not a multiple of --page-size {self.page_size}")
+        need(self.model_preset is None or self.model_path == "random",
+             f"--model-preset applies to --model-path random only (model path is {self.model_path!r})")
+        if self.inject_fault is not None:
+            from engine.faults import check_fault_name
+
+            try:
+                check_fault_name(self.inject_fault)
+            except ValueError as e:
+                need(False, f"--inject-fault: {e}")
+        need(run.backend == "sglang", f"--backend {run.backend} drives already-running servers: give "
+             "--endpoint and --reference-endpoint (built-in replicas speak sglang)")
+        need(not self.cover or run.suite == "frozen", f"--cover runs its own suite (cover); drop --suite {run.suite}")
+        try:
+            overrides = engine_overrides(self.candidate_args)
+        except EngineArgsError as e:
+            raise ConfigError(f"--candidate-args: {e}") from None
+        need(not (self.cover and {"drafter_mode", "scripted_accept"} & set(overrides)),
+             "--candidate-args: --cover sets --drafter-mode scripted --scripted-accept -1 itself")
+        # The engine needs a working and two tracking slots per running request: fewer can never admit one.
+        slots = overrides.get("max_state_slots", 0)
+        need(not 0 < slots < 3, f"--candidate-args: --max-state-slots {slots} cannot hold one request (a working "
+             "and two tracking slots); use >= 3 (or 0 for the default)")
+        if overrides or self.cover:
+            try:
+                check_candidate_engines(run)
+            except EngineArgsError as e:
+                raise ConfigError(f"--candidate-args: {e}") from None
 
 
 def candidate_engine(cfg: RunConfig, interval: int, speculative: bool = True, radix_cache: bool = True) -> EngineSpec:
     """A candidate pool: DFlash with the radix cache's extra_buffer checkpoints every `interval` tokens
     (or, for --diagnose, one of the two without the other)."""
     return EngineSpec(interval, cfg.block_size if speculative else None, "extra_buffer" if radix_cache else None,
-                      cfg.tp_size, cfg.inject_fault, speculative, radix_cache,
-                      dtype_args(cfg) + cfg.candidate_engine_args)
+                      cfg.tp_size, cfg.target.inject_fault, speculative, radix_cache,
+                      dtype_args(cfg) + cfg.target.candidate_engine_args)
 
 
 def dtype_args(cfg: RunConfig) -> tuple[str, ...]:
     """`--dtype D` for every pool when --dtype is not the fp32 default (so fp32 command lines and records stay as
     they were); it lands in each record's `engine.args`."""
-    return ("--dtype", cfg.dtype) if cfg.dtype != "float32" else ()
+    return ("--dtype", cfg.target.dtype) if cfg.target.dtype != "float32" else ()
 
 
 def reference_engine(cfg: RunConfig) -> EngineSpec:
@@ -57,11 +135,11 @@ def reference_engine(cfg: RunConfig) -> EngineSpec:
 
 
 def _base_config(cfg: RunConfig, engine: EngineSpec) -> dict:
-    kw: dict = {"model_path": cfg.model_path, "tp_size": cfg.tp_size}
-    if cfg.model_preset:
-        kw["model_preset"] = cfg.model_preset
-    if cfg.page_size:
-        kw["page_size"] = cfg.page_size
+    kw: dict = {"model_path": cfg.target.model_path, "tp_size": cfg.tp_size}
+    if cfg.target.model_preset:
+        kw["model_preset"] = cfg.target.model_preset
+    if cfg.target.page_size:
+        kw["page_size"] = cfg.target.page_size
     # without a radix cache the interval is unused, but must still satisfy the engine's page check
     kw["mamba_track_interval"] = engine.interval or cfg.intervals[0]
     if engine.speculative:
@@ -102,7 +180,7 @@ def server_args(cfg: RunConfig, engine: EngineSpec) -> list[str]:
 
 def server_command(cfg: RunConfig, engine: EngineSpec) -> str:
     """The command line a pool's replicas run, as `--dry-run` shows it."""
-    return shlex.join([*(cfg.server_command or DEFAULT_SERVER_COMMAND), *server_args(cfg, engine),
+    return shlex.join([*(cfg.target.server_command or DEFAULT_SERVER_COMMAND), *server_args(cfg, engine),
                        "--host", "HOST", "--port", "PORT"])
 
 
@@ -122,7 +200,7 @@ def builtin_plan(cfg: RunConfig, sessions: list) -> Plan:
     cands = []
     controls = calibrating(cfg) and not cfg.baseline_run
     for i in cfg.intervals:
-        variants = {"": (True, True), **(DIAGNOSE_VARIANTS if cfg.diagnose else {})}
+        variants = {"": (True, True), **(DIAGNOSE_VARIANTS if cfg.target.diagnose else {})}
         for suffix, (speculative, radix) in variants.items():
             engine = candidate_engine(cfg, i, speculative, radix)
             name = f"i{i}" + (f"-{suffix}" if suffix else "")
@@ -138,32 +216,7 @@ def builtin_plan(cfg: RunConfig, sessions: list) -> Plan:
 class BuiltinTarget(ManagedTarget):
     """The built-in engine: pools from the flags, servers that report exactly what they were started with."""
 
-    key = "builtin"
-    controls = frozenset({"calibrate", "candidate_args", "diagnose", "cover"})
-    drift_tolerance = GateThresholds().drift_tolerance  # fp32 and deterministic: numerics are bit-identical
-
-    @classmethod
-    def validate(cls, cfg: RunConfig, need: Need) -> None:
-        """The SGLang backend, and candidate flags the engine accepts: --candidate-args, --cover (which runs its
-        own suite) and the EngineConfig every candidate pool would be built with."""
-        need(cfg.backend == "sglang", f"--backend {cfg.backend} drives already-running servers: give "
-             "--endpoint and --reference-endpoint (built-in replicas speak sglang)")
-        need(not cfg.cover or cfg.suite == "frozen", f"--cover runs its own suite (cover); drop --suite {cfg.suite}")
-        try:
-            overrides = engine_overrides(cfg.candidate_args)
-        except EngineArgsError as e:
-            raise ConfigError(f"--candidate-args: {e}") from None
-        need(not (cfg.cover and {"drafter_mode", "scripted_accept"} & set(overrides)),
-             "--candidate-args: --cover sets --drafter-mode scripted --scripted-accept -1 itself")
-        # The engine needs a working and two tracking slots per running request: fewer can never admit one.
-        slots = overrides.get("max_state_slots", 0)
-        need(not 0 < slots < 3, f"--candidate-args: --max-state-slots {slots} cannot hold one request (a working "
-             "and two tracking slots); use >= 3 (or 0 for the default)")
-        if overrides or cfg.cover:
-            try:
-                check_candidate_engines(cfg)
-            except EngineArgsError as e:
-                raise ConfigError(f"--candidate-args: {e}") from None
+    settings_class = BuiltinSettings
 
     def workload(self, infos: dict[str, dict]) -> WorkloadTarget:
         """The flags' intervals and B, in the byte tokenizer the engine runs."""
@@ -182,7 +235,7 @@ class BuiltinTarget(ManagedTarget):
 
     def launch(self, pool: PoolPlan) -> Launch:
         """engine.serve (or --server-command) with the pool's flags, in the project's environment."""
-        return Launch(self.cfg.server_command, tuple(server_args(self.cfg, pool.engine)),
+        return Launch(self.cfg.target.server_command, tuple(server_args(self.cfg, pool.engine)),
                       asdict(engine_config(self.cfg, pool.engine)))
 
     def backend(self, api_key: str) -> Backend:

@@ -11,8 +11,10 @@ a reference with either) is refused, naming its URL.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,11 +24,49 @@ from harness.backends import Backend, ReplicaFailure, RequestError, make_backend
 from harness.errors import ConfigError, HarnessError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan, sessions_for, skipped
 from harness.pools import Pool, external_pools
-from harness.targets.base import Need, Target, reported_settings
+from harness.settings import Need, TargetSettings, setting
+from harness.targets.base import Target, reported_settings
 from harness.workload import WorkloadTarget, load_target_tokenizer
 
 if TYPE_CHECKING:
     from harness.config import RunConfig
+
+
+@dataclass(frozen=True)
+class EndpointsSettings(TargetSettings):
+    """Servers that already run: the candidates' and the cold-path reference's URLs."""
+
+    key = "endpoints"
+    managed = False
+    chosen_by = ("endpoint", "reference_endpoint")
+    refuses = frozenset({"calibrate"})  # a control pool is a server of its own, which only a started target has
+
+    endpoint: tuple[str, ...] = setting((), "strs", "an already-running candidate server (repeatable); no Ray "
+                                        "replicas then", resume="fixed")
+    reference_endpoint: tuple[str, ...] = setting((), "strs", "an already-running cold-path server (repeatable)",
+                                                  resume="fixed")
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint", "reference_endpoint"):  # a server is the same whatever its trailing slash
+            object.__setattr__(self, name, tuple(u.rstrip("/") for u in getattr(self, name)))
+
+    def refused(self, name: str, offered_by: tuple[str, ...]) -> str:
+        if name == "calibrate":
+            return (f"--calibrate needs --engine {' or '.join(offered_by) or 'KEY'} (it starts clean control servers); "
+                    "calibrate --endpoint servers from a trusted run's records with --baseline-run RUN_DIR")
+        return f"--{name.replace('_', '-')} configures built-in replicas; it does not apply to --endpoint servers"
+
+    def validate(self, run: RunConfig, need: Need) -> None:
+        """URLs, and both sides given: candidates and their cold-path oracle."""
+        super().validate(run, need)
+        for url in self.endpoint + self.reference_endpoint:
+            need(re.match(r"^https?://[^/\s]+", url) is not None,
+                 f"--endpoint / --reference-endpoint must be http(s)://host:port URLs, got {url!r}")
+        need(not self.reference_endpoint or self.endpoint,
+             "--reference-endpoint needs --endpoint (external candidates)")
+        need(not self.endpoint or self.reference_endpoint,
+             "--endpoint needs --reference-endpoint: the cold-path oracle for an external engine must be "
+             "the same model, served without speculation and without radix cache")
 
 
 def engine_from_server_info(info: dict, url: str) -> EngineSpec:
@@ -61,7 +101,7 @@ def external_plan(cfg: RunConfig, sessions: list, infos: dict[str, dict]) -> Pla
     Raises ValueError naming the endpoint when its settings do not fit its role.
     """
     by_interval: dict[int, list[tuple[str, EngineSpec]]] = {}
-    for url in cfg.endpoint:
+    for url in cfg.target.endpoint:
         problem = role_problem(url, "candidate", infos[url])
         if problem:
             raise ValueError(problem)
@@ -75,11 +115,11 @@ def external_plan(cfg: RunConfig, sessions: list, infos: dict[str, dict]) -> Pla
         urls = tuple(u for u, _ in members)
         cands.append(PoolPlan(f"i{interval}", "candidate", members[0][1], len(urls),
                               sessions_for(sessions, interval), urls, tuple(infos[u] for u in urls)))
-    for url in cfg.reference_endpoint:
+    for url in cfg.target.reference_endpoint:
         problem = role_problem(url, "reference", infos[url])
         if problem:
             raise ValueError(problem)
-    refs = cfg.reference_endpoint
+    refs = cfg.target.reference_endpoint
     ref = PoolPlan(REFERENCE_POOL, "reference", engine_from_server_info(infos[refs[0]], refs[0]), len(refs),
                    endpoints=refs, server_infos=tuple(infos[u] for u in refs))
     return Plan(tuple(cands), ref, cfg.concurrency, skipped(sessions, set(by_interval)))
@@ -91,7 +131,7 @@ def tokenizer_spec(cfg: RunConfig, infos: dict[str, dict]) -> tuple[str | None, 
     if cfg.tokenizer:
         return cfg.tokenizer, "--tokenizer"
     specs = {}
-    for url in cfg.endpoint:
+    for url in cfg.target.endpoint:
         r = reported_settings(infos.get(url) or {})
         if r.tokenizer_path is not None and Path(r.tokenizer_path).expanduser().exists():
             specs[url] = r.tokenizer_path
@@ -104,30 +144,18 @@ def tokenizer_spec(cfg: RunConfig, infos: dict[str, dict]) -> tuple[str | None, 
     if len(distinct) > 1:
         raise ConfigError(f"the candidate endpoints report different tokenizers ({', '.join(distinct)}); pass "
                           "--tokenizer with the one they all serve")
-    return distinct[0], f"{cfg.endpoint[0]}/server_info tokenizer_path"
+    return distinct[0], f"{cfg.target.endpoint[0]}/server_info tokenizer_path"
 
 
 class EndpointsTarget(Target):
     """Servers given by URL; their settings are what they report, never assumed."""
 
-    key = "endpoints"
-    managed = False
-    controls = frozenset()
+    settings_class = EndpointsSettings
+    settings: EndpointsSettings
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg)
         self._backend: Backend | None = None  # the probes' findings (model names, capabilities) stay in it
-
-    @classmethod
-    def refused(cls, control: str, offered_by: tuple[str, ...]) -> str:
-        if control == "calibrate":  # a baseline pool is a server of its own, which only a started target has
-            return (f"--calibrate needs --engine {' or '.join(offered_by)} (it starts clean control servers); "
-                    "calibrate --endpoint servers from a trusted run's records with --baseline-run RUN_DIR")
-        return f"--{control.replace('_', '-')} configures built-in replicas; it does not apply to --endpoint servers"
-
-    @classmethod
-    def validate(cls, cfg: RunConfig, need: Need) -> None:
-        """Nothing is started, so nothing that configures started servers applies (CONTROLS: none offered)."""
 
     def backend(self, api_key: str | None = None) -> Backend:
         """--backend with --api-key, --tokenizer and the flags' intervals and block size (for what a server does
@@ -146,8 +174,8 @@ class EndpointsTarget(Target):
             raise HarnessError(str(e)) from None
 
     async def _probe_all(self, generate: bool) -> dict[str, dict]:
-        cfg, backend = self.cfg, self.backend()
-        roles = [(u, "candidate") for u in cfg.endpoint] + [(u, "reference") for u in cfg.reference_endpoint]
+        s, backend = self.settings, self.backend()
+        roles = [(u, "candidate") for u in s.endpoint] + [(u, "reference") for u in s.reference_endpoint]
         async with aiohttp.ClientSession() as http:
             infos = await asyncio.gather(*(backend.probe(http, u, role, generate=generate) for u, role in roles))
         return dict(zip([u for u, _ in roles], infos, strict=True))
@@ -157,7 +185,7 @@ class EndpointsTarget(Target):
         blocks' too), their tokenizer and their shortest context."""
         spec, source = tokenizer_spec(self.cfg, infos)
         tokenizer = load_target_tokenizer(spec) if spec is not None else None
-        reports = [reported_settings(infos.get(u) or {}) for u in self.cfg.endpoint]
+        reports = [reported_settings(infos.get(u) or {}) for u in self.cfg.target.endpoint]
         intervals = tuple(sorted({r.interval for r in reports if r.interval}))
         blocks = [r.block_size for r in reports if r.block_size]
         contexts = [r.context for r in reports if r.context]

@@ -18,27 +18,26 @@ directory's tokenizer, and every id it sends must be below the model's vocabular
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
-
-from harness.backends import PROBE_KEY, Backend, ReplicaFailure, RequestError
+from harness.backends import PROBE_KEY, Backend
 from harness.backends.info import GATED_STRATEGIES, speculative, strategy_of, track_interval
 from harness.backends.sglang import SGLangBackend
-from harness.errors import ConfigError, HarnessError
-from harness.plan import Plan, PoolPlan
-from harness.targets.base import Need, Reported, reported_settings
-from harness.targets.managed import Launch, ProfileTarget
+from harness.errors import ConfigError
+from harness.plan import EngineSpec, PoolPlan
+from harness.settings import Need, setting
+from harness.targets.base import Reported, reported_settings
+from harness.targets.managed import Launch, ManagedSettings
+from harness.targets.profile import ProfileTarget, command_line
 from harness.targets.sglang_profile import (
     BOOTSTRAP,
     CPU_FLAGS,
     SGLangArgsError,
     check_args,
-    describe,
     engine_spec,
     environment,
     make_pool,
@@ -47,7 +46,6 @@ from harness.targets.sglang_profile import (
     value_of,
 )
 from harness.targets.venv import Venv, find_python
-from harness.targets.vllm import probe_replica
 from harness.workload import WorkloadTarget, suite_flag
 from reports.gate import GateThresholds
 
@@ -78,11 +76,6 @@ def largest_id(sessions: list) -> int:
     return max(ids, default=-1)
 
 
-def summary(infos: dict[str, dict]) -> str:
-    """One line per server: what it reported (for the log)."""
-    return "\n".join(f"  {url}: " + json.dumps({k: info.get(k) for k in SUMMARY_KEYS}) for url, info in infos.items())
-
-
 def check_flags(name: str, asked, info: dict, model_path: str) -> str | None:
     """Why a server's /server_info contradicts what its pool asked (`asked`: an SGLangPool); None when it agrees."""
     if "disable_radix_cache" in info and (not info["disable_radix_cache"]) != asked.radix_cache:
@@ -100,83 +93,139 @@ def check_flags(name: str, asked, info: dict, model_path: str) -> str | None:
     return None
 
 
-class SGLangTarget(ProfileTarget):
-    """SGLang's native server; each pool's settings are what its servers report once they are up."""
+@dataclass(frozen=True)
+class SGLangSettings(ManagedSettings):
+    """SGLang's own settings: its interpreter."""
 
     key = "sglang"
-    controls = frozenset({"candidate_args", "calibrate"})
-    default_backend = "sglang"
-    venv = VENV
-    # SGLang's CPU path in fp32 (the model card's --dtype): radix-cached and cold answers agree to float noise
-    # (6.9e-06 at most, measured at concurrency 4 with the built Llama), so the built-in engine's tolerance holds;
-    # --candidate-args with another dtype wants --calibrate or --drift-tolerance
-    drift_tolerance = GateThresholds().drift_tolerance
 
-    @classmethod
-    def validate(cls, cfg: RunConfig, need: Need) -> None:
-        """A local model directory, the sglang backend, SGLang's own flags in --candidate-args, nothing that only
-        the built-in engine has."""
-        need(not cfg.external, "--engine sglang starts SGLang replicas under Ray; for already-running servers give "
-             "--endpoint / --reference-endpoint (--backend sglang) instead")
-        need(cfg.backend == "sglang", f"--engine sglang speaks SGLang's native /generate: drop --backend {cfg.backend}")
-        need(Path(cfg.model_path).expanduser().joinpath("config.json").is_file(),
-             f"--model {cfg.model_path}: not a model directory with a config.json (build one with "
+    sglang_python: str | None = setting(None, "str", "--engine sglang: the SGLang venv's interpreter (default "
+                                        "$SPECGATE_SGLANG_PYTHON, else .venv-sglang/bin/python from `make sglang`)",
+                                        resume="runs")
+
+    @property
+    def noisy(self) -> bool:
+        """SGLang's CPU path in fp32 (the model card's --dtype): radix-cached and cold answers agree to float noise
+        (6.9e-06 at most, measured at concurrency 4 with the built Llama), so the built-in engine's tolerance
+        holds; --candidate-args with another dtype wants --calibrate or --drift-tolerance."""
+        return False
+
+    @property
+    def drift_tolerance(self) -> float:
+        return GateThresholds().drift_tolerance
+
+    def refused(self, name: str, offered_by: tuple[str, ...]) -> str:
+        if name in ("endpoint", "reference_endpoint"):
+            return ("--engine sglang starts SGLang replicas under Ray; for already-running servers give --endpoint "
+                    "/ --reference-endpoint (--backend sglang) instead")
+        if offered_by == ("builtin",):
+            return f"--{name.replace('_', '-')} applies to the built-in engine, not --engine sglang"
+        return super().refused(name, offered_by)
+
+    def validate(self, run: RunConfig, need: Need) -> None:
+        """A local model directory, the sglang backend, SGLang's own flags in --candidate-args, one rank."""
+        super().validate(run, need)
+        need(run.backend == "sglang", f"--engine sglang speaks SGLang's native /generate: drop --backend "
+             f"{run.backend}")
+        need(Path(self.model_path).expanduser().joinpath("config.json").is_file(),
+             f"--model {self.model_path}: not a model directory with a config.json (build one with "
              "`python -m harness.models build DIR --arch llama`)")
-        for name in ("inject_fault", "page_size"):
-            need(not getattr(cfg, name), f"--{name.replace('_', '-')} applies to the built-in engine, not --engine "
-                 "sglang")
-        need(cfg.tp_size == 1, "--tp-size: --engine sglang runs one rank per replica (1)")
+        need(run.tp_size == 1, "--tp-size: --engine sglang runs one rank per replica (1)")
         try:
-            check_args(cfg.candidate_args)
+            check_args(self.candidate_args)
         except SGLangArgsError as e:
             need(False, f"--candidate-args: {e}")
-        asked = make_pool("sglang", "candidate", cfg.candidate_args)
-        cpu = value_of((*CPU_FLAGS, *cfg.candidate_args), "--device") == "cpu"
+        asked = make_pool("sglang", "candidate", self.candidate_args)
+        cpu = value_of((*CPU_FLAGS, *self.candidate_args), "--device") == "cpu"
         need(not cpu or not (asked.speculative or asked.strategy in GATED_STRATEGIES),
              f"--candidate-args: {CPU_REFUSES}, and the servers run SGLang's CPU path (--device cpu): drop the "
              "speculation and strategy flags (the candidate then gates the radix cache alone), or give SGLang's "
              "GPU flags (--device cuda --attention-backend ...) on a GPU node")
 
+
+class SGLangTarget(ProfileTarget):
+    """SGLang's native server; each pool's settings are what its servers report once they are up."""
+
+    settings_class = SGLangSettings
+    settings: SGLangSettings
+    venv = VENV
+    summary_keys = SUMMARY_KEYS
+
     # --- workload -------------------------------------------------------------------------------------------
     def sessions(self, target: WorkloadTarget) -> tuple[list, int]:
         """The workload's sessions; ConfigError when one sends an id outside the model's vocabulary."""
         sessions, left_out = super().sessions(target)
-        vocab, top = vocab_size(self.cfg.model_path), largest_id(sessions)
+        vocab, top = vocab_size(self.settings.model_path), largest_id(sessions)
         if vocab is not None and top >= vocab:
             raise ConfigError(f"{suite_flag(self.cfg)}: the workload sends token id {top}, and the model's vocabulary "
                               f"has {vocab} ids (a real SGLang scheduler dies on it): build the workload in the "
                               "model's own tokenizer (its directory, or --tokenizer with its tokenizer.json)")
         return sessions, left_out
 
-    # --- pools ----------------------------------------------------------------------------------------------
+    # --- the profile ----------------------------------------------------------------------------------------
     def python_flag(self) -> str | None:
-        return self.cfg.sglang_python
+        return self.settings.sglang_python
 
     def profile_pools(self) -> tuple[list, object]:
         """sglang_profile.pools: with --calibrate the `baseline` pool."""
-        return pools(self.cfg.candidate_args, self.cfg.calibrate)
+        return pools(self.settings.candidate_args, self.cfg.calibrate)
 
-    def engine_spec(self, pool) -> object:
-        return engine_spec(pool)
+    def asked(self, name: str, role: str, args: tuple[str, ...]):
+        return make_pool(name, role, args)
 
-    def describe_pools(self, python: str, cands: list, ref, n_sessions: int) -> str:
-        text = describe(self.cfg, python, cands, ref, n_sessions)
-        if any(p.radix_cache and not p.speculative for p in cands):
-            text += (f"\nno speculation on a candidate: {CPU_REFUSES} on CPU; the report narrows (radix-cache hits "
-                     "are gated, verify steps and speculation cells are not)")
-        return text
+    def engine_spec(self, asked, reported: Reported | None = None) -> EngineSpec:
+        """The pool's EngineSpec; interval, block size and strategy are what its servers report, once known."""
+        if reported is None:
+            return engine_spec(asked)
+        return engine_spec(asked, reported.interval, reported.block_size, reported.strategy)
+
+    def contradiction(self, name: str, asked, info: dict) -> str | None:
+        return check_flags(name, asked, info, self.settings.model_path)
+
+    def server_line(self, python: str, asked) -> str:
+        return command_line(python, "sglang.launch_server", server_args(self.settings.model_path, asked)) \
+            + " --api-key <run key>"
+
+    def pool_line(self, asked) -> str:
+        return ", ".join([f"speculation {value_of(asked.args, '--speculative-algorithm')}" if asked.speculative
+                          else "no speculation", "radix cache" if asked.radix_cache else "no radix cache"]
+                         + ([f"strategy {asked.strategy}"] if asked.strategy else []))
+
+    def notes(self, asked_pools: list) -> list[str]:
+        lines = ["  environment: SGLANG_USE_CPU_ENGINE=1 HOME=<run>/logs/<replica>-home HF_HUB_OFFLINE=1 "
+                 "TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 (the key reaches --api-key from SPECGATE_API_KEY, never "
+                 "a command line)",
+                 "at start: each server's /server_info is read back (radix cache, speculation, strategy, track "
+                 "interval, model path); a server that runs something else than its pool asked stops the run"]
+        if any(p.role == "candidate" and p.radix_cache and not p.speculative for p in asked_pools):
+            lines.append(f"no speculation on a candidate: {CPU_REFUSES} on CPU; the report narrows (radix-cache hits "
+                         "are gated, verify steps and speculation cells are not)")
+        return lines
+
+    def noted(self, pool, asked, info: dict) -> dict:
+        """A candidate with the radix cache that does not speculate cannot report speculation: listed as unknown."""
+        if pool.role == "candidate" and asked.radix_cache and not speculative(info):
+            record = info.setdefault(PROBE_KEY, {})
+            record["unknown"] = [*record.get("unknown", []), "speculation"]
+        return info
+
+    def settled_notes(self, cands: list) -> list[str]:
+        return [f"pool {pool.name}: no speculation ({CPU_REFUSES} on CPU); the report narrows: radix-cache hits are "
+                "gated, verify steps and speculation cells are not"
+                for pool in cands if pool.engine.radix_cache and not pool.engine.speculative]
 
     # --- servers --------------------------------------------------------------------------------------------
     def launch(self, pool: PoolPlan) -> Launch:
         """SGLang's server from its venv (or --server-command) with the pool's flags; the API key comes from the
         replica's environment through sglang_profile.BOOTSTRAP."""
-        command = self.cfg.server_command or (find_python(VENV, self.cfg.sglang_python), "-c", BOOTSTRAP)
-        args = server_args(self.cfg.model_path, make_pool(pool.name, pool.role, pool.engine.args))
+        s = self.settings
+        command = s.server_command or (find_python(VENV, s.sglang_python), "-c", BOOTSTRAP)
+        args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args))
         return Launch(tuple(command), tuple(args), None, environment)
 
     def backend(self, api_key: str) -> Backend:
         """SGLang's native backend with the run's key and the model directory as the tokenizer."""
-        return SGLangBackend(api_key, self.cfg.tokenizer or self.cfg.model_path)
+        return SGLangBackend(api_key, self.cfg.tokenizer or self.settings.model_path)
 
     def log_dir(self, run_dir: Path) -> str | None:
         """RUN_DIR/logs on a local Ray (SGLang's logs are what a failed start is read from)."""
@@ -187,42 +236,3 @@ class SGLangTarget(ProfileTarget):
         r = reported_settings(info)
         interval = track_interval(info)
         return dataclasses.replace(r, interval=interval, strategy=r.strategy if interval is not None else None)
-
-    def settle(self, plan: Plan, cands: list, ref, infos: dict[str, dict]) -> tuple[Plan, dict[str, dict]]:
-        """Probe every replica; a server that contradicts its pool stops the run. Each candidate's interval, block
-        size and strategy become what its servers report; a candidate without speculation narrows the report."""
-        try:
-            infos = asyncio.run(self._probe_pools(cands, ref))
-        except (RequestError, ReplicaFailure) as e:
-            raise HarnessError(str(e)) from None
-        print("SGLang servers report:\n" + summary(infos))
-        for pool in cands:  # the candidate proper (a --calibrate baseline is cold by design)
-            if pool.engine.radix_cache and not pool.engine.speculative:
-                print(f"pool {pool.name}: no speculation ({CPU_REFUSES} on CPU); the report narrows: radix-cache "
-                      "hits are gated, verify steps and speculation cells are not")
-        engines = {p.name: p.engine for p in cands}
-        fixed = tuple(PoolPlan(p.name, p.role, engines[p.name], p.replicas, p.sessions) for p in plan.candidates)
-        return dataclasses.replace(plan, candidates=fixed), infos
-
-    async def _probe_pools(self, cands: list, ref) -> dict[str, dict]:
-        infos: dict[str, dict] = {}
-        async with aiohttp.ClientSession() as http:
-            for pool in (*cands, ref):
-                asked = make_pool(pool.name, pool.role, pool.engine.args)
-                for r in pool.replicas:
-                    info = await probe_replica(pool.backend, http, r.url, pool.role)
-                    problem = check_flags(pool.name, asked, info, self.cfg.model_path)
-                    if problem:
-                        raise RequestError(problem)
-                    if pool.role == "candidate" and asked.radix_cache and not speculative(info):
-                        record = info.setdefault(PROBE_KEY, {})
-                        record["unknown"] = [*record.get("unknown", []), "speculation"]
-                    infos[r.url] = info
-                pool.server_info = infos[pool.replicas[0].url]
-                got = self.reported(pool.server_info)
-                pool.engine = engine_spec(asked, got.interval, got.block_size, got.strategy)
-        return infos
-
-    def check_reported(self, pool, url: str, info: dict) -> str | None:
-        return (check_flags(pool.name, make_pool(pool.name, pool.role, pool.engine.args), info, self.cfg.model_path)
-                or super().check_reported(pool, url, info))

@@ -13,14 +13,12 @@ it is up (harness/targets/sglang.py), not assumed from these flags.
 
 from __future__ import annotations
 
-import json
 import os
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.models import MODEL_CARD
+from harness.models import card_args
 from harness.plan import EngineSpec
 from harness.targets.venv import isolated
 
@@ -142,15 +140,8 @@ def pools(candidate_args: tuple[str, ...], calibrate: bool = False) -> tuple[lis
 def model_args(model_dir: str) -> tuple[str, ...]:
     """--model-path and the flags the model card asks SGLang for (`sglang_args`, e.g. --dtype float32: SGLang
     serves an fp32 checkpoint as fp16 under its default --dtype auto)."""
-    path = Path(model_dir).expanduser().resolve()
-    card = path / MODEL_CARD
-    extra: tuple[str, ...] = ()
-    if card.is_file():
-        try:
-            extra = tuple(json.loads(card.read_text()).get("sglang_args") or ())
-        except ValueError:
-            extra = ()
-    return ("--model-path", str(path), *extra)
+    path, extra = card_args(model_dir, "sglang_args")
+    return ("--model-path", path, *extra)
 
 
 def server_args(model_dir: str, pool: SGLangPool) -> list[str]:
@@ -184,25 +175,3 @@ def engine_spec(pool: SGLangPool, interval: int | None = None, block_size: int |
     return EngineSpec(interval if radix else None, block_size or pool.block_size,
                       (strategy or pool.strategy or "radix") if radix else None, 1, None, pool.speculative, radix,
                       pool.args)
-
-
-def describe(cfg, python: str, cands: list[SGLangPool], ref: SGLangPool, n_sessions: int) -> str:
-    """The `--dry-run` plan of an SGLang run: pools, commands, environment, what is read from the servers."""
-    lines = [f"engine SGLang ({python}), backend sglang; model {Path(cfg.model_path).expanduser().resolve()}",
-             f"placement: Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one actor per replica",
-             f"suite {cfg.workload}: {n_sessions} sessions per candidate pool and sweep point, concurrency "
-             f"{','.join(map(str, cfg.concurrency))}"]
-    for p in (*cands, ref):
-        what = ", ".join([f"speculation {value_of(p.args, '--speculative-algorithm')}" if p.speculative
-                          else "no speculation", "radix cache" if p.radix_cache else "no radix cache"]
-                         + ([f"strategy {p.strategy}"] if p.strategy else []))
-        replicas = cfg.reference_replicas if p.role == "reference" else cfg.replicas
-        lines.append(f"pool {p.name} ({p.role}): {replicas} replica(s), {what}")
-        lines.append("  server: " + shlex.join([python, "-m", "sglang.launch_server", *server_args(cfg.model_path, p),
-                                                "--host", "HOST", "--port", "PORT"]) + " --api-key <run key>")
-    lines.append("  environment: SGLANG_USE_CPU_ENGINE=1 HOME=<run>/logs/<replica>-home HF_HUB_OFFLINE=1 "
-                 "TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 (the key reaches --api-key from SPECGATE_API_KEY, never "
-                 "a command line)")
-    lines.append("at start: each server's /server_info is read back (radix cache, speculation, strategy, track "
-                 "interval, model path); a server that runs something else than its pool asked stops the run")
-    return "\n".join(lines)

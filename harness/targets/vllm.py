@@ -15,25 +15,33 @@ message that says so. The workload is built in the --model directory's tokenizer
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import aiohttp
-
-from harness.backends import Backend, ReplicaFailure, RequestError
+from harness.backends import Backend
 from harness.backends.info import speculative
 from harness.backends.openai import OpenAIBackend
 from harness.calibrate import calibrating
 from harness.errors import ConfigError, HarnessError
-from harness.plan import Plan, PoolPlan
-from harness.targets.base import Need
-from harness.targets.managed import Launch, ProfileTarget
+from harness.plan import EngineSpec, PoolPlan
+from harness.settings import Need, setting
+from harness.targets.base import Reported
+from harness.targets.managed import Launch, ManagedSettings, diagnose_setting
+from harness.targets.profile import ProfileTarget, command_line
 from harness.targets.venv import Venv, find_python, isolated
-from harness.targets.vllm_profile import VLLMArgsError, check_args, describe, engine_spec, make_pool, pools, server_args
+from harness.targets.vllm_profile import (
+    VLLMArgsError,
+    check_args,
+    engine_spec,
+    make_pool,
+    pools,
+    server_args,
+    skipped_diagnose_pools,
+    spec_config,
+)
 from harness.targets.vllm_workload import SUITE, boundary_sessions
 from harness.workload import WorkloadTarget, suite_flag
 from protocol.tokenizer import TokenizerError
@@ -80,30 +88,6 @@ def check_flags(name: str, asked, info: dict) -> str | None:
     return None
 
 
-async def probe_replica(backend, http, url: str, role: str) -> dict:
-    """backend.probe; a candidate whose probe request fails on the server's side (HTTP 5xx, connection lost:
-    it crashed on its first request) is probed for its settings only and kept, so the run records the crash as
-    the candidate's failure (exit 1), with its log lines, instead of stopping as a harness failure."""
-    try:
-        return await backend.probe(http, url, role)
-    except RequestError as e:
-        if role != "candidate" or not ("HTTP 5" in str(e) or "failed (" in str(e) and "HTTP" not in str(e)):
-            raise
-        print(f"[specgate] candidate {url}: {e}; the run goes on and records what it does")
-        try:
-            info = await backend.probe(http, url, role, generate=False)
-        except (RequestError, ReplicaFailure):
-            info = {"specgate_probe": {"declared": [], "notes": []}}
-        info.setdefault("specgate_probe", {}).setdefault("notes", []).append(f"probe request failed: {e}")
-        return info
-
-
-def summary(infos: dict[str, dict]) -> str:
-    """One line per server: what it reported (for the log)."""
-    keys = ("mamba_track_interval", "speculative_algorithm", "speculative_num_draft_tokens", "disable_radix_cache")
-    return "\n".join(f"  {url}: " + json.dumps({k: info.get(k) for k in keys}) for url, info in infos.items())
-
-
 def acceptance_lines(path: Path) -> list[str]:
     """Per speculating pool: vLLM's draft acceptance over the run, from its /metrics counters."""
     try:
@@ -131,35 +115,46 @@ def acceptance_lines(path: Path) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class VLLMSettings(ManagedSettings):
+    """vLLM's own settings: its interpreter, and --diagnose (the speculation-only and cache-only halves)."""
+
+    key = "vllm"
+    default_backend = "openai"
+
+    vllm_python: str | None = setting(None, "str", "--engine vllm: the vLLM venv's interpreter (default "
+                                      "$SPECGATE_VLLM_PYTHON, else .venv-vllm/bin/python from `make vllm`)",
+                                      resume="runs")
+    diagnose: bool = diagnose_setting()
+
+    def refused(self, name: str, offered_by: tuple[str, ...]) -> str:
+        if name in ("endpoint", "reference_endpoint"):
+            return ("--engine vllm starts vLLM replicas under Ray; for already-running servers give --endpoint / "
+                    "--reference-endpoint with --backend openai instead")
+        return f"--{name.replace('_', '-')} applies to the built-in engine, not --engine vllm"
+
+    def validate(self, run: RunConfig, need: Need) -> None:
+        """A local model directory, the OpenAI backend, vLLM's own flags in --candidate-args, one rank."""
+        super().validate(run, need)
+        need(run.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {run.backend}")
+        need(Path(self.model_path).expanduser().joinpath("config.json").is_file(),
+             f"--model {self.model_path}: not a model directory with a config.json (build one with "
+             "`python -m harness.models build DIR --arch llama`)")
+        need(run.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
+        try:
+            check_args(self.candidate_args)
+        except VLLMArgsError as e:
+            need(False, f"--candidate-args: {e}")
+
+
 class VLLMTarget(ProfileTarget):
     """vLLM's OpenAI server; each pool's settings are what its servers report once they are up."""
 
-    key = "vllm"
-    controls = frozenset({"candidate_args", "diagnose", "calibrate"})
-    default_backend = "openai"
+    settings_class = VLLMSettings
+    settings: VLLMSettings
     venv = VENV
-
-    @classmethod
-    def refused(cls, control: str, offered_by: tuple[str, ...] = ()) -> str:
-        return f"--{control.replace('_', '-')} applies to the built-in engine, not --engine vllm"
-
-    @classmethod
-    def validate(cls, cfg: RunConfig, need: Need) -> None:
-        """A local model directory, the OpenAI backend, vLLM's own flags in --candidate-args, nothing that only the
-        built-in engine has."""
-        need(not cfg.external, "--engine vllm starts vLLM replicas under Ray; for already-running servers give "
-             "--endpoint / --reference-endpoint with --backend openai instead")
-        need(cfg.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {cfg.backend}")
-        need(Path(cfg.model_path).expanduser().joinpath("config.json").is_file(),
-             f"--model {cfg.model_path}: not a model directory with a config.json (build one with "
-             "`python -m harness.models build DIR --arch llama`)")
-        for name in ("inject_fault", "page_size"):
-            need(not getattr(cfg, name), cls.refused(name))
-        need(cfg.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
-        try:
-            check_args(cfg.candidate_args)
-        except VLLMArgsError as e:
-            need(False, f"--candidate-args: {e}")
+    summary_keys = ("mamba_track_interval", "speculative_algorithm", "speculative_num_draft_tokens",
+                    "disable_radix_cache")
 
     # --- workload -------------------------------------------------------------------------------------------
     def sessions(self, target: WorkloadTarget) -> tuple[list, int]:
@@ -172,85 +167,77 @@ class VLLMTarget(ProfileTarget):
                               f"tokenizer, and {target.tokenizer_source}: pass --tokenizer")
         return [], 0
 
-    # --- pools ----------------------------------------------------------------------------------------------
+    # --- the profile ----------------------------------------------------------------------------------------
     def python_flag(self) -> str | None:
-        return self.cfg.vllm_python
+        return self.settings.vllm_python
 
     def profile_pools(self) -> tuple[list, object]:
         """vllm_profile.pools: with --diagnose the two halves, when calibrating the `baseline` pool."""
-        cfg = self.cfg
-        return pools(cfg.candidate_args, cfg.diagnose, calibrating(cfg) and not cfg.baseline_run)
+        s = self.settings
+        return pools(s.candidate_args, s.diagnose, calibrating(self.cfg) and not self.cfg.baseline_run)
 
-    def engine_spec(self, pool) -> object:
-        return engine_spec(pool)
+    def asked(self, name: str, role: str, args: tuple[str, ...]):
+        return make_pool(name, role, args)
 
-    def describe_pools(self, python: str, cands: list, ref, n_sessions: int) -> str:
-        return describe(self.cfg, python, cands, ref, n_sessions)
+    def engine_spec(self, asked, reported: Reported | None = None) -> EngineSpec:
+        """The pool's EngineSpec; a caching candidate's interval is the prefix-cache block its servers report."""
+        return engine_spec(asked, (reported.interval or None) if reported is not None else None)
 
-    # --- servers --------------------------------------------------------------------------------------------
-    def launch(self, pool: PoolPlan) -> Launch:
-        """vLLM's OpenAI server from its venv (or --server-command) with the pool's flags."""
-        command = self.cfg.server_command or (find_python(VENV, self.cfg.vllm_python), *ENTRYPOINT)
-        args = server_args(self.cfg.model_path, make_pool(pool.name, pool.role, pool.engine.args))
-        return Launch(tuple(command), tuple(args), None, environment)
+    def contradiction(self, name: str, asked, info: dict) -> str | None:
+        return check_flags(name, asked, info)
 
-    def backend(self, api_key: str) -> Backend:
-        """The OpenAI backend with the run's key and the model directory as the tokenizer. A server without prefix
-        caching has no checkpoint interval: declared None (listed as unknown), never guessed."""
-        return OpenAIBackend(api_key, self.cfg.tokenizer or self.cfg.model_path,
-                             {"intervals": (None,), "block_size": None})
+    def server_line(self, python: str, asked) -> str:
+        return command_line(python, "vllm.entrypoints.openai.api_server", server_args(self.settings.model_path, asked))
 
-    def log_dir(self, run_dir: Path) -> str | None:
-        """RUN_DIR/logs on a local Ray (vLLM's logs are what a failed start is read from)."""
-        return str(run_dir.resolve() / "logs") if not self.cfg.address else None
+    def pool_line(self, asked) -> str:
+        return ", ".join([f"speculation {json.dumps(spec_config(asked.args))}" if asked.speculative
+                          else "no speculation", "prefix caching" if asked.prefix_caching else "no prefix caching"])
 
-    def settle(self, plan: Plan, cands: list, ref, infos: dict[str, dict]) -> tuple[Plan, dict[str, dict]]:
-        """Probe every replica; a server that contradicts its flags stops the run. Each candidate's interval becomes
-        the block its servers report; --suite vllm-boundary's sessions are derived from it."""
-        try:
-            infos = asyncio.run(self._probe_pools(cands, ref))
-        except (RequestError, ReplicaFailure) as e:
-            raise HarnessError(str(e)) from None
-        print("vLLM servers report:\n" + summary(infos))
-        sessions = self._boundary_sessions(cands) if self.cfg.suite == SUITE else None
-        engines = {p.name: p.engine for p in cands}
-        fixed = tuple(PoolPlan(p.name, p.role, engines[p.name], p.replicas,
-                               p.sessions if sessions is None else sessions) for p in plan.candidates)
-        return dataclasses.replace(plan, candidates=fixed), infos
+    def suite_line(self, n_sessions: int) -> str:
+        return ("sessions around multiples of the block the servers report, derived at start"
+                if self.cfg.suite == SUITE else f"{n_sessions} sessions")
 
-    async def _probe_pools(self, cands: list, ref) -> dict[str, dict]:
-        infos: dict[str, dict] = {}
-        async with aiohttp.ClientSession() as http:
-            for pool in (*cands, ref):
-                asked = make_pool(pool.name, pool.role, pool.engine.args)
-                for r in pool.replicas:
-                    info = await probe_replica(pool.backend, http, r.url, pool.role)
-                    problem = check_flags(pool.name, asked, info)
-                    if problem:
-                        raise RequestError(problem)
-                    infos[r.url] = info
-                pool.server_info = infos[pool.replicas[0].url]
-                pool.engine = engine_spec(asked, self.reported(pool.server_info).interval or None)
-        return infos
+    def notes(self, asked_pools: list) -> list[str]:
+        return [*(skipped_diagnose_pools(self.settings.candidate_args) if self.settings.diagnose else []),
+                "  environment: VLLM_HOST_IP=<replica address> VLLM_CACHE_ROOT=<run>/logs/<replica>-cache "
+                "VLLM_CPU_KVCACHE_SPACE=1 VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=<run key> HF_HUB_OFFLINE=1 ...",
+                "at start: each server's block size, prefix caching and draft tokens are read from its /metrics "
+                "(vllm:cache_config_info); the checkpoint interval of a caching candidate is its block"]
 
-    def _boundary_sessions(self, cands: list) -> tuple:
+    def settled_sessions(self, cands: list) -> tuple | None:
         """`--suite vllm-boundary`: cases around the largest block the caching candidates report."""
+        if self.cfg.suite != SUITE:
+            return None
         blocks = [p.engine.interval for p in cands if p.engine.interval]
         if not blocks:
             raise HarnessError("--suite vllm-boundary places cases around the prefix-cache block, and no candidate "
                                "reports one (no prefix caching): use --suite frozen")
         widths = [p.engine.block_size for p in cands if p.engine.block_size]
         try:
-            sessions = boundary_sessions(self.cfg.tokenizer or self.cfg.model_path, max(blocks),
+            sessions = boundary_sessions(self.cfg.tokenizer or self.settings.model_path, max(blocks),
                                          max(widths, default=None))
         except (TokenizerError, ValueError, OSError) as e:
             raise HarnessError(f"--suite vllm-boundary: {e}") from None
         print(f"suite vllm-boundary: {len(sessions)} sessions around multiples of block {max(blocks)}")
         return tuple(sessions)
 
-    def check_reported(self, pool, url: str, info: dict) -> str | None:
-        return (check_flags(pool.name, make_pool(pool.name, pool.role, pool.engine.args), info)
-                or super().check_reported(pool, url, info))
+    # --- servers --------------------------------------------------------------------------------------------
+    def launch(self, pool: PoolPlan) -> Launch:
+        """vLLM's OpenAI server from its venv (or --server-command) with the pool's flags."""
+        s = self.settings
+        command = s.server_command or (find_python(VENV, s.vllm_python), *ENTRYPOINT)
+        args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args))
+        return Launch(tuple(command), tuple(args), None, environment)
+
+    def backend(self, api_key: str) -> Backend:
+        """The OpenAI backend with the run's key and the model directory as the tokenizer. A server without prefix
+        caching has no checkpoint interval: declared None (listed as unknown), never guessed."""
+        return OpenAIBackend(api_key, self.cfg.tokenizer or self.settings.model_path,
+                             {"intervals": (None,), "block_size": None})
+
+    def log_dir(self, run_dir: Path) -> str | None:
+        """RUN_DIR/logs on a local Ray (vLLM's logs are what a failed start is read from)."""
+        return str(run_dir.resolve() / "logs") if not self.cfg.address else None
 
     def finish(self, run_dir: Path) -> list[str]:
         """vLLM's draft acceptance and prefix-cache hits per pool, from its counters over the run."""

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
-from pathlib import Path
 
-from harness.models import MODEL_CARD
+from harness.models import card_args
 from harness.plan import EngineSpec
 
 SERVED_NAME = "specgate-target"
@@ -173,15 +171,8 @@ def pools(candidate_args: tuple[str, ...], diagnose: bool, calibrate: bool = Fal
 
 def model_args(model_dir: str) -> tuple[str, ...]:
     """The model's own flags: --model, --served-model-name and those its model card asks for (e.g. --dtype)."""
-    path = Path(model_dir).expanduser().resolve()
-    card = path / MODEL_CARD
-    extra: tuple[str, ...] = ()
-    if card.is_file():
-        try:
-            extra = tuple(json.loads(card.read_text()).get("vllm_args") or ())
-        except ValueError:
-            extra = ()
-    return ("--model", str(path), "--served-model-name", SERVED_NAME, *extra)
+    path, extra = card_args(model_dir, "vllm_args")
+    return ("--model", path, "--served-model-name", SERVED_NAME, *extra)
 
 
 def server_args(model_dir: str, pool: VLLMPool) -> list[str]:
@@ -190,34 +181,9 @@ def server_args(model_dir: str, pool: VLLMPool) -> list[str]:
     return [*model_args(model_dir), *COMMON, *pool.args]
 
 
-def describe(cfg, python: str, cands: list[VLLMPool], ref: VLLMPool, n_sessions: int) -> str:
-    """The `--dry-run` plan of a vLLM run: pools, commands, environment, what is read from the servers."""
-    lines = [f"engine vLLM ({python}), backend openai; model {Path(cfg.model_path).expanduser().resolve()}",
-             f"placement: Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one actor per replica",
-             f"suite {cfg.workload}: " + ("sessions around multiples of the block the servers report, derived at "
-                                          "start" if cfg.suite == "vllm-boundary" else f"{n_sessions} sessions")
-             + f" per candidate pool and sweep point, concurrency {','.join(map(str, cfg.concurrency))}"]
-    for p in (*cands, ref):
-        what = ", ".join([f"speculation {json.dumps(spec_config(p.args))}" if p.speculative else "no speculation",
-                          "prefix caching" if p.prefix_caching else "no prefix caching"])
-        replicas = cfg.reference_replicas if p.role == "reference" else cfg.replicas
-        lines.append(f"pool {p.name} ({p.role}): {replicas} replica(s), {what}")
-        lines.append("  server: " + shlex.join([python, "-m", "vllm.entrypoints.openai.api_server",
-                                                *server_args(cfg.model_path, p), "--host", "HOST", "--port",
-                                                "PORT"]))
-    if cfg.diagnose:
-        lines += skipped_diagnose_pools(cfg.candidate_args)
-    lines.append("  environment: VLLM_HOST_IP=<replica address> VLLM_CACHE_ROOT=<run>/logs/<replica>-cache "
-                 "VLLM_CPU_KVCACHE_SPACE=1 VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=<run key> HF_HUB_OFFLINE=1 ...")
-    lines.append("at start: each server's block size, prefix caching and draft tokens are read from its /metrics "
-                 "(vllm:cache_config_info); the checkpoint interval of a caching candidate is its block")
-    return "\n".join(lines)
-
-
 def engine_spec(pool: VLLMPool, interval: int | None = None):
     """The EngineSpec of a pool (records' `engine`): block size = draft tokens + 1 (the verify width)."""
     return EngineSpec(interval if pool.prefix_caching else None,
                       pool.draft_tokens + 1 if pool.draft_tokens else None,
                       "vllm-prefix-cache" if pool.prefix_caching else None, 1, None, pool.speculative,
                       pool.prefix_caching, pool.args)
-

@@ -67,14 +67,15 @@ def test_streaming_mode_narrowed_and_plan_lines():
 
 def test_backend_and_tokenizer_settings():
     from harness.cli import from_argv
-    from harness.config import ConfigError, RunConfig
+    from harness.config import ConfigError
+    from harness.targets import run_config
 
     with pytest.raises(ConfigError, match="--backend openai drives already-running servers: give --endpoint"):
-        RunConfig(backend="openai")
+        run_config(backend="openai")
     with pytest.raises(ConfigError, match="--backend must be one of sglang, openai, got 'grpc'"):
-        RunConfig(backend="grpc")
+        run_config(backend="grpc")
     with pytest.raises(ConfigError, match=r"--tokenizer \./nope\.json: no such file or directory"):
-        RunConfig(tokenizer="./nope.json")
+        run_config(tokenizer="./nope.json")
     cfg, explicit = from_argv(["--backend", "openai", "--endpoint", "http://a:1", "--reference-endpoint",
                                "http://b:2", "--tokenizer", "byte"], {})
     assert (cfg.backend, cfg.tokenizer) == ("openai", "byte") and {"backend", "tokenizer"} <= explicit

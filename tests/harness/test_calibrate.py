@@ -9,7 +9,8 @@ import pytest
 
 from harness.calibrate import DRIFT_FLOOR, calibrated_gate, calibrating
 from harness.cli import from_argv
-from harness.config import ConfigError, RunConfig
+from harness.config import ConfigError
+from harness.targets import run_config
 from harness.targets.builtin import builtin_plan, server_args
 from reports.gate import GateThresholds
 from reports.render import render_run
@@ -18,7 +19,7 @@ from tests.reports.factory import pair, prompt, write_run
 
 
 def _plan(**kw):
-    cfg = RunConfig(model_path="random", model_preset="tiny", page_size=16, intervals=(128,), **kw)
+    cfg = run_config(model_path="random", model_preset="tiny", page_size=16, intervals=(128,), **kw)
     return cfg, builtin_plan(cfg, make_sessions(2))
 
 
@@ -62,9 +63,9 @@ def test_a_baseline_run_without_records_is_refused_before_anything_starts(tmp_pa
 
 def test_candidate_args_take_a_value_that_starts_with_dashes():
     cfg, explicit = from_argv(["--candidate-args", "--disable-radix-cache", "--intervals", "128"], {})
-    assert cfg.candidate_args == ("--disable-radix-cache",) and cfg.intervals == (128,)
+    assert cfg.target.candidate_args == ("--disable-radix-cache",) and cfg.intervals == (128,)
     cfg, _ = from_argv(["--candidate-args", "--drafter-mode scripted --scripted-accept 0"], {})
-    assert cfg.candidate_args == ("--drafter-mode", "scripted", "--scripted-accept", "0")
+    assert cfg.target.candidate_args == ("--drafter-mode", "scripted", "--scripted-accept", "0")
 
 
 def _pool(pool: str, drift: float, n: int = 3, *, radix: bool = True, speculative: bool = True) -> list[dict]:

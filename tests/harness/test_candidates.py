@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import from_argv
-from harness.config import ConfigError, RunConfig
+from harness.config import ConfigError
 from harness.engine_args import EngineArgsError, engine_overrides
 from harness.run import main
+from harness.targets import run_config
 from harness.targets.builtin import builtin_plan, engine_config, server_args
 from tests.harness.helpers import make_sessions
 
@@ -66,7 +67,7 @@ def test_cover_with_too_small_an_interval_fails_at_load(capsys):
 
 
 def test_candidate_args_reach_candidate_pools_only():
-    cfg = RunConfig(candidate_args=("--max-state-slots", "9"), model_path="random", model_preset="tiny")
+    cfg = run_config(candidate_args=("--max-state-slots", "9"), model_path="random", model_preset="tiny")
     plan = builtin_plan(cfg, make_sessions(2))
     for p in plan.candidates:
         assert engine_config(cfg, p.engine).max_state_slots == 9
@@ -78,7 +79,7 @@ def test_candidate_args_reach_candidate_pools_only():
 
 
 def test_diagnose_adds_a_speculation_only_and_a_cache_only_pool_per_interval():
-    cfg = RunConfig(diagnose=True, inject_fault="insert-working-state")
+    cfg = run_config(diagnose=True, inject_fault="insert-working-state")
     plan = builtin_plan(cfg, make_sessions(2))
     assert [p.name for p in plan.candidates] == ["i128", "i128-spec", "i128-cache", "i256", "i256-spec",
                                                  "i256-cache"]
@@ -95,7 +96,7 @@ def test_diagnose_adds_a_speculation_only_and_a_cache_only_pool_per_interval():
 def test_cover_uses_the_scripted_drafter_and_its_own_suite(capsys):
     cfg = parse(["--cover", "--candidate-args", "--max-state-slots 40"])
     assert cfg.workload == "cover"
-    assert cfg.candidate_engine_args == ("--drafter-mode", "scripted", "--scripted-accept", "-1",
+    assert cfg.target.candidate_engine_args == ("--drafter-mode", "scripted", "--scripted-accept", "-1",
                                          "--max-state-slots", "40")
     assert main(["--cover", "--intervals", "128", "--concurrency", "4", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -105,11 +106,11 @@ def test_cover_uses_the_scripted_drafter_and_its_own_suite(capsys):
 
 
 def test_drift_tolerance_is_per_target():
-    assert RunConfig().gate.drift_tolerance == 1e-3
-    assert RunConfig(drift_tolerance=0.01).gate.drift_tolerance == 0.01
-    ext = RunConfig(endpoint=("http://a:1",), reference_endpoint=("http://b:1",))
+    assert run_config().gate.drift_tolerance == 1e-3
+    assert run_config(drift_tolerance=0.01).gate.drift_tolerance == 0.01
+    ext = run_config(endpoint=("http://a:1",), reference_endpoint=("http://b:1",))
     assert ext.gate.drift_tolerance == 0.05
-    assert RunConfig(max_drift=3).gate.max_drift == 3
+    assert run_config(max_drift=3).gate.max_drift == 3
 
 
 def test_dry_run_shows_the_candidate_args(capsys):

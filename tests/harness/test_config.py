@@ -7,10 +7,11 @@ import json
 import pytest
 
 from harness.cli import from_argv
-from harness.config import ConfigError, RunConfig
+from harness.config import ConfigError
 from harness.ray_pools import resolve_address
 from harness.resume import for_resume
 from harness.run import main
+from harness.targets import run_config
 from harness.targets.builtin import builtin_plan, server_args
 from harness.targets.endpoints import external_plan
 from tests.harness.helpers import make_sessions, write_workload
@@ -30,14 +31,26 @@ def test_defaults_are_the_frozen_sweep():
 def test_toml_file_then_cli_overrides(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('suite = "load"\nnum_requests = 64\nintervals = [128]\nconcurrency = "2,4"\n'
-                    'replicas = 3\nendpoint = "http://a:1"\nreference_endpoint = ["http://b:2/"]\n'
-                    'server_command = "python -m x --y"\nno_progress = true\nmax_soft_rate = 0.1\n')
-    cfg, explicit = parse(["--config", str(toml), "--replicas", "5", "--endpoint", "http://c:3"])
+                    'replicas = 3\nserver_command = "python -m x --y"\nno_progress = true\nmax_soft_rate = 0.1\n')
+    cfg, explicit = parse(["--config", str(toml), "--replicas", "5"])
     assert cfg.suite == "load" and cfg.num_requests == 64 and cfg.intervals == (128,)
     assert cfg.concurrency == (2, 4) and cfg.replicas == 5 and cfg.no_progress and cfg.max_soft_rate == 0.1
-    assert cfg.endpoint == ("http://c:3",) and cfg.reference_endpoint == ("http://b:2",)
-    assert cfg.server_command == ("python", "-m", "x", "--y")
-    assert {"suite", "replicas", "endpoint"} <= explicit
+    assert cfg.target.server_command == ("python", "-m", "x", "--y")
+    assert {"suite", "replicas", "server_command"} <= explicit
+    toml.write_text('endpoint = "http://a:1"\nreference_endpoint = ["http://b:2/"]\n')
+    cfg, explicit = parse(["--config", str(toml), "--endpoint", "http://c:3"])
+    assert cfg.key == "endpoints" and cfg.external
+    assert cfg.target.endpoint == ("http://c:3",) and cfg.target.reference_endpoint == ("http://b:2",)
+
+
+def test_a_setting_of_another_target_is_refused_by_the_chosen_one(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('endpoint = "http://a:1"\nreference_endpoint = "http://b:2"\nserver_command = "python -m x"\n')
+    with pytest.raises(ConfigError, match="^--server-command configures built-in replicas; it does not apply to "
+                       "--endpoint servers"):
+        parse(["--config", str(toml)])
+    with pytest.raises(ConfigError, match=r"^--vllm-python does not apply to this target \(--engine vllm does\)"):
+        parse(["--vllm-python", "/usr/bin/python3"])
 
 
 def test_ray_address_from_environment_unless_given():
@@ -95,7 +108,7 @@ def test_unknown_flag_exits_2(capsys):
 
 
 def test_resume_keeps_the_measurement_and_takes_runtime_settings(tmp_path):
-    saved = RunConfig(intervals=(128,), concurrency=(1, 2), api_key="secret").to_json()
+    saved = run_config(intervals=(128,), concurrency=(1, 2), api_key="secret").to_json()
     assert saved["api_key"] == "***"
     given, explicit = parse(["--resume", str(tmp_path / "r1"), "--no-progress", "--intervals", "128"])
     cfg = for_resume(json.loads(json.dumps(saved)), given, explicit, tmp_path / "r1")
@@ -107,7 +120,7 @@ def test_resume_keeps_the_measurement_and_takes_runtime_settings(tmp_path):
 
 
 def test_server_args_per_pool():
-    cfg = RunConfig(model_path="random", model_preset="tiny", inject_fault="stale-seq-lens", page_size=16)
+    cfg = run_config(model_path="random", model_preset="tiny", inject_fault="stale-seq-lens", page_size=16)
     plan = builtin_plan(cfg, make_sessions(2) + make_sessions(1, interval=256, prefix="x"))
     cand = server_args(cfg, plan.candidates[0].engine)
     assert cand[cand.index("--mamba-track-interval") + 1] == "128" and "DFLASH" in cand
@@ -119,7 +132,7 @@ def test_server_args_per_pool():
 
 
 def test_external_plan_groups_endpoints_by_interval():
-    cfg = RunConfig(endpoint=("http://a", "http://b", "http://c"), reference_endpoint=("http://r",))
+    cfg = run_config(endpoint=("http://a", "http://b", "http://c"), reference_endpoint=("http://r",))
     spec = {"speculative_algorithm": "DFLASH", "speculative_num_draft_tokens": 8,
             "mamba_radix_cache_strategy": "extra_buffer"}
     infos = {"http://a": {**spec, "mamba_track_interval": 256}, "http://b": {**spec, "mamba_track_interval": 128},
@@ -154,11 +167,10 @@ def test_bad_suite_and_bad_config_exit_2(tmp_path, capsys):
 def test_local_ray_gets_a_cpu_for_every_replica_bundle(monkeypatch):
     """`make run` on a 2-core laptop: 2 candidate pools + 1 reference pool must all be placeable."""
     import harness.ray_pools as cluster
-    from harness.config import RunConfig
     from harness.targets.builtin import BuiltinTarget
 
     monkeypatch.setattr(cluster.os, "cpu_count", lambda: 2)
-    cfg = RunConfig(tp_size=2, replicas=2)
+    cfg = run_config(tp_size=2, replicas=2)
     target = BuiltinTarget(cfg)
     pools = cluster.RayPools(cfg, builtin_plan(cfg, []), "t", target.launch)
     # (2 intervals x 2 replicas + 1 reference) x 2 ranks, plus one to spare

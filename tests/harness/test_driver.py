@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 
 from harness.backends import RequestError
-from harness.config import RunConfig
 from harness.driver import Driver
 from harness.progress import Progress
+from harness.targets import run_config
 from harness.targets.builtin import candidate_engine, reference_engine
 from records.jsonl import RecordFiles, load_run
 from records.rundir import input_hash
@@ -31,7 +31,7 @@ from tests.harness.helpers import (
 )
 
 INTERVAL = 16
-CFG = RunConfig(intervals=(INTERVAL,), block_size=4)
+CFG = run_config(intervals=(INTERVAL,), block_size=4)
 
 
 def drive(run_dir: Path, sessions, cand_urls, ref_urls, concurrency=(1, 2), existing=None, existing_refs=None,

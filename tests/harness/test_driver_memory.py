@@ -6,10 +6,10 @@ import asyncio
 import gc
 
 from harness.backends import Backend
-from harness.config import RunConfig
 from harness.driver import Driver
 from harness.pools import Pool, Replica
 from harness.progress import Progress
+from harness.targets import run_config
 from harness.targets.builtin import candidate_engine, reference_engine
 from records.jsonl import RecordFiles, load_run
 from records.schema import Generation
@@ -72,7 +72,7 @@ def test_no_candidate_record_is_held_while_its_reference_is_pending(tmp_path):
     backend = _LaggingReferences(n_candidates=12 * 2 * 2)  # two sweep points
 
     async def go() -> None:
-        cfg = RunConfig(intervals=(INTERVAL,), block_size=4)
+        cfg = run_config(intervals=(INTERVAL,), block_size=4)
         cand = Pool(f"i{INTERVAL}", "candidate", candidate_engine(cfg, INTERVAL), [Replica("c-r0", "mem")], True,
                     5.0, backend=backend)
         ref = Pool("reference", "reference", reference_engine(cfg), [Replica("r-r0", "mem")], True, 5.0,

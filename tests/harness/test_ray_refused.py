@@ -40,13 +40,13 @@ def sigterm_caught() -> bool:
 def test_a_local_ray_has_its_own_temp_directory_and_leaves_sigterm_to_the_harness(tmp_path):
     """The SIGTERM handler survives ray.init and ray.shutdown (c76ee7a: Ray's, then the OS default: exit -15)."""
     ray = pytest.importorskip("ray")
-    from harness.config import RunConfig
     from harness.ray_pools import RayPools
+    from harness.targets import run_config
     from harness.targets.builtin import builtin_plan
 
     if ray.is_initialized():
         ray.shutdown()
-    cfg = RunConfig(intervals=(16,), block_size=4, num_cpus=1)
+    cfg = run_config(intervals=(16,), block_size=4, num_cpus=1)
     pools = RayPools(cfg, builtin_plan(cfg, make_sessions(1)), "tmpdir", launch=None)
     def ours(signum, frame) -> None:
         pass

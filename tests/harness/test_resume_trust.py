@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from harness.config import RunConfig
 from harness.run import main
+from harness.targets import run_config
 from tests.harness.helpers import make_sessions, write_workload
 
 FAKE = f"{sys.executable} -m tests.harness.fake_server"
@@ -23,7 +23,7 @@ def tampered(tmp_path):
     """A run directory whose config.json an attacker edited: its server command would create MARKER."""
     workload = write_workload(tmp_path / "w.jsonl", make_sessions(2))
     marker = tmp_path / "MARKER"
-    saved = RunConfig(suite=str(workload), intervals=(16,), block_size=4, concurrency=(1,),
+    saved = run_config(suite=str(workload), intervals=(16,), block_size=4, concurrency=(1,),
                       server_command=tuple(shlex.split(FAKE))).to_json()
     saved["server_command"] = ["sh", "-c", f"touch {marker}"]
     saved["address"] = "evil.example:6379"
@@ -95,7 +95,7 @@ def tampered_run(tmp_path, **stored) -> tuple:
     model.mkdir()
     (model / "config.json").write_text("{}")
     workload = write_workload(tmp_path / "w.jsonl", make_sessions(2))
-    saved = RunConfig(suite=str(workload), intervals=(16,), block_size=4, concurrency=(1,)).to_json()
+    saved = run_config(suite=str(workload), intervals=(16,), block_size=4, concurrency=(1,)).to_json()
     saved.update({k: (str(script) if v == "SCRIPT" else str(model) if v == "MODEL" else v) for k, v in stored.items()})
     run_dir = tmp_path / "runs" / "r1"
     (run_dir / "records").mkdir(parents=True)

@@ -104,7 +104,7 @@ def test_without_drops_the_flag_and_its_value():
 
 def test_engine_vllm_implies_the_openai_backend_and_checks_the_model(model_dir, tmp_path):
     cfg, _ = from_argv(["--engine", "vllm", "--model", str(model_dir)], {})
-    assert cfg.backend == "openai" and cfg.model_path == str(model_dir) and cfg.gate.drift_tolerance == 0.05
+    assert cfg.backend == "openai" and cfg.target.model_path == str(model_dir) and cfg.gate.drift_tolerance == 0.05
     with pytest.raises(ConfigError, match="not a model directory with a config.json"):
         from_argv(["--engine", "vllm", "--model", str(tmp_path / "nope")], {})
     with pytest.raises(ConfigError, match="--inject-fault applies to the built-in engine"):

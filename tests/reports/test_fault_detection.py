@@ -20,6 +20,7 @@ from engine.engine import Engine
 from engine.faults import FAULTS
 from engine.io_struct import GenerateRequest, SamplingParams
 from harness.config import RunConfig
+from harness.targets import run_config
 from harness.targets.builtin import candidate_engine, engine_config, reference_engine
 from protocol.tokenizer import BYTE_TOKENIZER
 from records.rundir import input_hash
@@ -173,7 +174,7 @@ def references() -> dict:
 
 def analyzed(fault: str | None, references: dict) -> pd.DataFrame:
     """The analyzed candidates, with each request's tree shape (`tree_shape`) from reports/tree_shapes.py."""
-    cfg = RunConfig(intervals=(I,), block_size=B, page_size=16, model_path="random", model_preset="tiny",
+    cfg = run_config(intervals=(I,), block_size=B, page_size=16, model_path="random", model_preset="tiny",
                     inject_fault=fault, cover=True)
     cands = run_records(cfg, references)
     df = analyze(cands, {h: r for h, r in references.items() if h != "_engine"})

@@ -23,8 +23,7 @@ from harness.calibrate import BASELINE_POOL
 from harness.cli import from_argv
 from harness.config import ConfigError
 from harness.run import make_plan
-from harness.targets import ENGINES, TARGETS, make_target, target_key
-from harness.targets.base import CONTROLS
+from harness.targets import CONTROLS, TARGETS, engines, make_target, offers, refusal, target_key
 from harness.targets.managed import ManagedTarget
 from harness.workload import WorkloadTarget
 from reports.controls import is_control
@@ -65,7 +64,7 @@ def _launch(target, pool):
 def test_the_registry_names_every_target_by_its_key():
     assert KEYS == ["builtin", "endpoints", "sglang", "vllm"]
     assert all(cls.key == key for key, cls in TARGETS.items())
-    assert ENGINES == tuple(k for k, cls in TARGETS.items() if cls.managed) and "endpoints" not in ENGINES
+    assert engines() == ("builtin", "vllm", "sglang") and all(TARGETS[k].managed for k in engines())
     assert all(issubclass(cls, ManagedTarget) == cls.managed for cls in TARGETS.values())
 
 
@@ -74,7 +73,7 @@ def test_a_valid_config_selects_the_target_and_bad_ones_are_refused_by_flag(key,
     case = load_case(key, tmp_path)
     cfg, _ = from_argv(case.argv, {})
     assert target_key(cfg) == key and type(make_target(cfg)) is TARGETS[key]
-    assert cfg.gate.drift_tolerance == TARGETS[key].drift_tolerance
+    assert cfg.gate.drift_tolerance == cfg.target.drift_tolerance and cfg.key == key
     for extra, message in case.refused:
         with pytest.raises(ConfigError, match="^" + re.escape(message)):
             from_argv([*case.argv, *extra], {})
@@ -111,12 +110,10 @@ def test_the_workload_is_derived_for_what_the_target_runs(key, tmp_path):
 @pytest.mark.parametrize("control", CONTROLS)
 def test_controls_add_pools_where_offered_and_are_refused_elsewhere(key, control, tmp_path):
     case = load_case(key, tmp_path)
-    cls = TARGETS[key]
     extra = (case.candidate_args or ["--candidate-args", "--a-flag 1"]) if control == "candidate_args" \
         else [f"--{control}"]
-    if control not in cls.controls:
-        offered_by = tuple(k for k in ENGINES if control in TARGETS[k].controls)
-        with pytest.raises(ConfigError, match="^" + re.escape(cls.refused(control, offered_by))):
+    if not offers(key, control):
+        with pytest.raises(ConfigError, match="^" + re.escape(refusal(key, control))):
             from_argv([*case.argv, *extra], {})
         return
     if control == "candidate_args" and not case.candidate_args:

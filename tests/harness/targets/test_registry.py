@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import from_argv
-from harness.config import ConfigError, RunConfig
+from harness.config import ConfigError
 from harness.replica import ServerSite, project_environment
-from harness.targets import default_backend, target_key
+from harness.targets import TARGETS, run_config, target_key
 from harness.targets import vllm as vllm_target
 from harness.targets.venv import InterpreterNotFound, Venv, find_python
 from tests.harness.fake_vllm import make_interpreter
@@ -34,10 +34,12 @@ def test_a_started_target_given_endpoints_refuses_them_itself(tmp_path):
 
 
 def test_each_started_target_implies_its_backend_and_an_unknown_engine_is_refused():
-    assert (default_backend("builtin"), default_backend("vllm"), default_backend("endpoints")) == \
-        ("sglang", "openai", None)
+    assert [TARGETS[k].settings_class.default_backend for k in ("builtin", "vllm", "endpoints")] == \
+        ["sglang", "openai", "sglang"]
     with pytest.raises(ConfigError, match=r"^--engine must be one of builtin, vllm, sglang, got 'x'"):
-        RunConfig(engine="x")  # a TOML file can give any string
+        run_config(engine="x")  # a TOML file can give any string
+    with pytest.raises(ConfigError, match=r"^--engine must be one of builtin, vllm, sglang, got 'endpoints'"):
+        run_config(engine="endpoints")  # chosen by --endpoint, not by name
 
 
 def test_find_python_for_any_engine_says_its_own_flag_and_build(tmp_path, monkeypatch):
