@@ -20,8 +20,7 @@ written through RecordFiles as a run writes them. Per size it prints:
   analyze  the streamed analyzer (reports/analyze_run.py) and junit.xml from its frame;
   resume   what harness/run.py loaded on --resume before the driver kept summaries: `load_run(...)
            .candidates_by_key()` and the references;
-  state    what a resume loads now (harness/run.py, harness/refstore.py): `ResumeState.read(...)`;
-  index    where records/ has it, `RunReader(...).resume_index()`;
+  state    what a resume loads now (harness/run.py, records/resume.py): `ResumeState.read(...)`;
   scan     where records/ has it, every column of every record as Arrow batches (`RunReader.batches`);
   driver   the real harness.driver against a backend that answers at once with the synthesized answers:
            its bookkeeping is the RSS when Driver.run returns (before the records are closed) less the RSS
@@ -149,10 +148,9 @@ def measure_size(args, templates, positions, config, stats, n: int, tokens: int,
                        ("render", ["-m", "reports.render", str(run_dir)]),
                        ("analyze", ["_analyze", str(run_dir)]),
                        ("resume", ["_resume", str(run_dir)]),
-                       ("index", ["_index", str(run_dir)]),
                        ("state", ["_state", str(run_dir)]),
                        ("scan", ["_scan", str(run_dir)])):
-        if what in ("index", "scan") and not has_index() or what in ("analyze", "state") and not has_streamed():
+        if what == "scan" and not has_index() or what in ("analyze", "state") and not has_streamed():
             continue
         if what == "render" and args.no_render or what == "before" and not args.before:
             continue
@@ -280,7 +278,7 @@ def main() -> None:
     for tokens in [int(t) for t in args.tokens.split(",")]:
         for n in sorted(int(s) for s in args.sizes.split(",")):
             rows.append(measure_size(args, templates, positions, config, stats, n, tokens, pred))
-    cols = ["size", "records", "before", "render", "analyze", "resume", "index", "state", "scan", "driver"]
+    cols = ["size", "records", "before", "render", "analyze", "resume", "state", "scan", "driver"]
     cols = [c for c in cols if any(c in r for r in rows)]
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:

@@ -49,8 +49,8 @@ def analyze(run_dir: str) -> None:
 
 
 def state(run_dir: str) -> None:
-    """What a resume keeps with harness/refstore.py: ResumeState.read (keys and digests, no records)."""
-    from harness.refstore import ResumeState
+    """What a resume keeps with records/resume.py: ResumeState.read (keys and digests, no records)."""
+    from records.resume import ResumeState
 
     state = ResumeState.read(run_dir)
     assert state.candidates and state.references
@@ -63,14 +63,6 @@ def resume(run_dir: str) -> None:
     recorded = load_run(run_dir)
     existing, refs = recorded.candidates_by_key(), recorded.references
     assert existing and refs
-
-
-def index(run_dir: str) -> None:
-    """The resume index: keys, reference hashes, each session's last recorded turn."""
-    from records.reader import RunReader
-
-    index = RunReader(run_dir).resume_index()
-    assert index.keys and index.reference_hashes
 
 
 def scan(run_dir: str) -> None:

@@ -9,12 +9,19 @@ in log-probs, which are stored as float32 (`output_logprobs` and the log-probs o
 `input_ids` are stored once per distinct input by the caller's prompt store (records/compact.py): the
 column `input_ids` holds a record's ids only where they are not the stored prompt of its `input_hash`.
 Records of other journals (stats) are kept as one JSON text each (GENERIC_SCHEMA).
+
+Other packages read stored rows through this module's public functions, never through the columns the layout
+keeps for itself (`_extra`, `_absent`, the split top-k): `stored_columns(fields)` names what to read for some
+record fields, `overrides(batch)` says where each row departs from its typed columns, `rows_as_records` and
+`row_as_record` give fields as the records have them, `top_k_columns` the two columns of the top-k and
+`null_columns` a table of null rows.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -189,3 +196,83 @@ def generic_batch(records: list[dict]) -> pa.RecordBatch:
                                        "role": [text(r, "role") for r in records],
                                        "json": [json.dumps(r, separators=(",", ":")) for r in records]},
                                       schema=GENERIC_SCHEMA)
+
+
+# the columns that say where a row departs from its typed columns (to_batch)
+_OVERRIDE_COLUMNS = ["_extra", "_absent"]
+
+
+def stored_columns(fields: Iterable[str]) -> list[str]:
+    """The stored columns to read for these record fields, in their order (`output_top_logprobs`: its two split
+    columns), then the two that say where a row departs from them (what `overrides` and the readers below read)."""
+    out: list[str] = []
+    for name in fields:
+        out += [TOP_LOGPROBS, TOP_IDS] if FIELDS.get(name) == "topk" else [name]
+    return out + _OVERRIDE_COLUMNS
+
+
+def top_k_columns(batch: pa.RecordBatch | pa.Table) -> tuple[pa.Array, pa.Array]:
+    """The stored `output_top_logprobs` of a batch: per token, its top-k log-probs and its top-k token ids."""
+    return batch.column(TOP_LOGPROBS), batch.column(TOP_IDS)
+
+
+def null_columns(columns: list[str], rows: int) -> pa.Table:
+    """A table of `rows` null rows of these stored columns (their REQUEST_SCHEMA types)."""
+    return pa.table({c: pa.nulls(rows, REQUEST_SCHEMA.field(c).type) for c in columns})
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Where one stored row departs from its typed columns: `values`, the fields kept verbatim (a value not of its
+    column's type, a field the schema does not know, such as the restore window's), and `absent`, the fields its
+    record lacks."""
+
+    values: dict
+    absent: frozenset[str]
+
+
+def overrides(batch: pa.RecordBatch | pa.Table) -> list[Overrides]:
+    """Each row's Overrides (the batch holds the columns `stored_columns` adds)."""
+    extras, absents = batch.column("_extra").to_pylist(), batch.column("_absent").to_pylist()
+    return [Overrides(json.loads(e) if e is not None else {}, frozenset(a or ())) for e, a in zip(extras, absents,
+                                                                                                   strict=True)]
+
+
+def rows_as_records(batch: pa.RecordBatch | pa.Table, names: list[str],
+                    over: list[Overrides] | None = None) -> list[dict]:
+    """Every row's record fields `names` (typed columns of the batch, not `output_top_logprobs`) as its record has
+    them: a value kept verbatim put back, a field the record lacks left out, JSON fields parsed. `over`: the
+    batch's `overrides`, when already read. A null `input_ids` is the stored prompt of `input_hash`."""
+    over = overrides(batch) if over is None else over
+    data = batch.select(names).to_pydict()
+    out = []
+    for i, ov in enumerate(over):
+        rec = {}
+        for name in names:
+            if name in ov.values:
+                rec[name] = ov.values[name]
+            elif name not in ov.absent:
+                rec[name] = json.loads(data[name][i]) if FIELDS.get(name) == "json" else data[name][i]
+        out.append(rec)
+    return out
+
+
+def row_as_record(batch: pa.RecordBatch | pa.Table, i: int, names: Iterable[str], ov: Overrides) -> dict:
+    """Row i's record fields `names` as its record has them (`rows_as_records` for one row, where
+    `output_top_logprobs` is rebuilt from its two columns as `[[logprob, id], ...]` per token); `ov`: the row's
+    Overrides."""
+    rec = {}
+    for name in names:
+        if name in ov.values:
+            rec[name] = ov.values[name]
+        elif name in ov.absent:
+            continue
+        elif FIELDS.get(name) == "topk":
+            lps, ids = (c[i].as_py() for c in top_k_columns(batch))
+            rec[name] = None if lps is None else [[list(e) for e in zip(a, b, strict=True)] for a, b in zip(
+                lps, ids, strict=True)]
+        elif FIELDS.get(name) == "json":
+            rec[name] = json.loads(batch.column(name)[i].as_py())
+        else:
+            rec[name] = batch.column(name)[i].as_py()
+    return rec

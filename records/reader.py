@@ -1,11 +1,11 @@
 """Reading a run's records wherever they are (parts, sealed journals, the journal): as dicts, as Arrow batches
-in bounded memory, or as the cheap index a resume needs (docs/records.md, "Reading").
+in bounded memory, or just the rows asked for (docs/records.md, "Reading").
 
 `RunReader(run_dir)` lists the directory once. `stems()` names its pools' record sets in the order
 `load_run` visits them; `records(stem)` yields dicts equal to those written; `batches(stem, columns)` yields
 Arrow RecordBatches of REQUEST_SCHEMA (or GENERIC_SCHEMA for stats) a few hundred rows at a time, reading only
-the named columns of the parts (a journal's rows are converted on the fly); `resume_index()` reads only keys,
-hashes, turns and errors; `turn_io(keys)` and `prompts(hashes)` fetch the ids of just the rows asked for.
+the named columns of the parts (a journal's rows are converted on the fly); `turn_io(keys)` and
+`prompts(hashes)` fetch the ids of just the rows asked for. What a resume reads is records/resume.py's.
 Pass one `seen` set to every call, stems in order, to drop duplicate keys as `load_run` does.
 A reader assumes no compaction runs meanwhile (the run directory's lock, records/lock.py, keeps a second
 writer out); `load_run` reads again if one moved a file under it.
@@ -23,40 +23,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from records import layout as L
-from records.columns import FIELDS, from_batch, generic_batch, to_batch
+from records.columns import from_batch, generic_batch, to_batch
 from records.journal import iter_jsonl
-from records.schema import sweep_point_of
 
 BATCH_ROWS = 512
-
-
-@dataclass(frozen=True)
-class RecordedTurn:
-    """What a resume needs of one recorded candidate: whether to skip it, and what its next turn builds on."""
-
-    key: str
-    turn: int | None
-    input_hash: str | None
-    failed: bool  # the record has an error: the session's later turns are not sent
-
-
-@dataclass(frozen=True)
-class ResumeIndex:
-    """What a run directory holds, by key, without any record's token ids (RunReader.resume_index)."""
-
-    keys: frozenset[str]  # every recorded key: candidates, references, stats
-    candidates: dict[str, RecordedTurn]  # candidate key -> its record's summary
-    reference_hashes: frozenset[str]  # input hashes that have a reference record
-    last_turns: dict[tuple[str, str, str], RecordedTurn]  # (pool, `<pool>-<point>` key head, session id) -> last turn
-
-    def missing_references(self) -> set[str]:
-        """Input hashes of recorded candidates that have no reference record yet."""
-        return {c.input_hash for c in self.candidates.values()
-                if c.input_hash is not None and c.input_hash not in self.reference_hashes}
-
-
-_INDEX_COLUMNS = ["key", "role", "pool", "concurrency", "session_id", "turn", "input_hash", "error",
-                  "_extra", "_absent"]
 
 
 class RunReader:
@@ -164,31 +134,6 @@ class RunReader:
                     out.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
         return out
 
-    def resume_index(self) -> ResumeIndex:
-        """Keys, reference hashes and each session's last recorded turn, from those columns alone."""
-        seen: set = set()
-        candidates: dict[str, RecordedTurn] = {}
-        refs: set[str] = set()
-        last: dict[tuple, RecordedTurn] = {}
-        for stem in self.stems():
-            if not L.is_request_stem(stem):
-                for _ in self.batches(stem, ["key"], seen):  # its keys go into `seen`
-                    pass
-                continue
-            for batch in self.batches(stem, _INDEX_COLUMNS, seen):
-                for row in _rows(batch):
-                    if row["role"] == "reference" and isinstance(row["input_hash"], str):
-                        refs.add(row["input_hash"])
-                    elif row["role"] == "candidate" and isinstance(row["key"], str):
-                        turn = row["turn"] if isinstance(row["turn"], int) else None
-                        rt = RecordedTurn(row["key"], turn, row["input_hash"], row["error"] is not None)
-                        candidates[row["key"]] = rt
-                        # `<pool>-<point>` from the key: open-loop points have no concurrency
-                        where = (row["pool"], sweep_point_of(row["key"], row["concurrency"]), row["session_id"])
-                        if turn is not None and (where not in last or (last[where].turn or 0) < turn):
-                            last[where] = rt
-        return ResumeIndex(frozenset(k for k in seen if isinstance(k, str)), candidates, frozenset(refs), last)
-
     def turn_io(self, keys: Iterable[str]) -> dict[str, tuple[list[int] | None, list[int] | None]]:
         """(input ids, output ids) of the candidate records with these keys (the first record per key), reading
         whole rows only of the row groups that hold them, and only the prompts they need."""
@@ -265,19 +210,6 @@ class _Stored:
     input_hash: str
 
 
-def _rows(batch: pa.RecordBatch) -> Iterator[dict]:
-    """The rows of a batch of some REQUEST_SCHEMA columns, with `_extra` values put back and absent fields None."""
-    data = batch.to_pydict()
-    extra, absent = data.pop("_extra", None), data.pop("_absent", None)
-    for i in range(batch.num_rows):
-        row = {name: col[i] for name, col in data.items()}
-        if extra is not None and extra[i] is not None:
-            row.update({k: v for k, v in json.loads(extra[i]).items() if k in row})
-        if absent is not None and absent[i]:
-            row.update({k: None for k in absent[i] if k in row})
-        yield row
-
-
 def _chunks(records: Iterable[dict], n: int = BATCH_ROWS) -> Iterator[list[dict]]:
     chunk = []
     for rec in records:
@@ -294,5 +226,3 @@ def raw_records(run_dir: str | Path) -> list[dict]:
     reader = RunReader(run_dir)
     return [rec for stem in reader.stems() for rec in reader.records(stem)]
 
-
-assert set(_INDEX_COLUMNS) - {"_extra", "_absent"} <= set(FIELDS)

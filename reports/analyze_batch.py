@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 
 import numpy as np
 import pyarrow as pa
 
-from records.columns import REQUEST_SCHEMA, TOP_IDS, TOP_LOGPROBS
+from records.columns import null_columns, overrides, row_as_record, stored_columns, top_k_columns
 from reports.analyze import (
     REQUEST_COLUMNS,
     crossing_dict,
@@ -24,9 +23,9 @@ from reports.analyze_trace import accepted_of, crossings_of
 from reports.facts import TokenFacts, accepted_tokens, first_token_drift
 from reports.oracle_vec import Side, _list, classify_batch
 
-TOKENS = ["role", "input_hash", "input_ids", "output_ids", "output_logprobs", TOP_LOGPROBS, TOP_IDS, "spec_trace",
-          "_extra", "_absent"]
-REF_TOKENS = ["error", "output_ids", "output_logprobs", TOP_LOGPROBS, TOP_IDS, "_extra", "_absent"]
+TOKENS = stored_columns(["role", "input_hash", "input_ids", "output_ids", "output_logprobs", "output_top_logprobs",
+                         "spec_trace"])
+REF_TOKENS = stored_columns(["error", "output_ids", "output_logprobs", "output_top_logprobs"])
 ORACLE_FIELDS = {"output_ids", "output_logprobs", "output_top_logprobs", "error"}
 _TOKEN_FIELDS = ("output_ids", "output_logprobs", "output_top_logprobs")
 PAD_CAND, PAD_REF = -(1 << 40), -(1 << 41)
@@ -39,25 +38,7 @@ def digest(ids) -> bytes:
 
 
 def _side(table, pad: int) -> Side:
-    return Side.of(table.column("output_ids"), table.column("output_logprobs"), table.column(TOP_LOGPROBS),
-                   table.column(TOP_IDS), pad)
-
-
-def _tokens(table, i: int, extra: dict, absent: set) -> dict:
-    """Row i's token fields as its record has them (for the record oracle)."""
-    rec = {}
-    for name in _TOKEN_FIELDS:
-        if name in extra:
-            rec[name] = extra[name]
-        elif name in absent:
-            continue
-        elif name == "output_top_logprobs":
-            lps, ids = table.column(TOP_LOGPROBS)[i].as_py(), table.column(TOP_IDS)[i].as_py()
-            rec[name] = None if lps is None else [[list(e) for e in zip(a, b, strict=True)] for a, b in zip(
-                lps, ids, strict=True)]
-        else:
-            rec[name] = table.column(name)[i].as_py()
-    return rec
+    return Side.of(table.column("output_ids"), table.column("output_logprobs"), *top_k_columns(table), pad)
 
 
 def _references(tb, recs, index, store):
@@ -70,17 +51,10 @@ def _references(tb, recs, index, store):
         pos.append(at if w is not None else None)
         at += w is not None
     if found.num_rows == 0:
-        schema = pa.schema([REQUEST_SCHEMA.field(c) for c in REF_TOKENS])
-        return pa.table({c: pa.nulls(len(recs), schema.field(c).type) for c in REF_TOKENS}), has_ref
+        return null_columns(REF_TOKENS, len(recs)), has_ref
     if has_ref.all():
         return found, has_ref
     return found.take(pa.array(pos, pa.int64())).combine_chunks(), has_ref
-
-
-def _parsed(table) -> tuple[list[dict], list[set]]:
-    extras = [json.loads(e) if e is not None else {} for e in table.column("_extra").to_pylist()]
-    absents = [set(a) if a else set() for a in table.column("_absent").to_pylist()]
-    return extras, absents
 
 
 def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input, facts, spill,
@@ -90,9 +64,11 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
     input and output ids to `spill` (tree shapes)."""
     recs = [index.cands[k] for k in ks]
     n = len(recs)
-    extras, absents = _parsed(tb)
+    over = overrides(tb)  # where a row departs from its typed columns (records/columns.py)
+    extras = [ov.values for ov in over]
     ref, has_ref = _references(tb, recs, index, store)
-    r_extras, r_absents = _parsed(ref)
+    r_over = overrides(ref)
+    r_extras = [ov.values for ov in r_over]
     r_err = ref.column("error").to_pylist()
     ref_error = [r_extras[i].get("error", r_err[i]) if has_ref[i] else None for i in range(n)]
     cand, rside = _side(tb, PAD_CAND), _side(ref, PAD_REF)
@@ -102,8 +78,8 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
     limits = [pool_limits(per_pool, r.get("pool"), default) for r in recs]
 
     def fallback(i: int) -> tuple[dict, dict | None]:
-        c = {**_tokens(tb, i, extras[i], absents[i]), "error": recs[i].get("error")}
-        r = {**_tokens(ref, i, r_extras[i], r_absents[i]), "error": ref_error[i]} if has_ref[i] else None
+        c = {**row_as_record(tb, i, _TOKEN_FIELDS, over[i]), "error": recs[i].get("error")}
+        r = {**row_as_record(ref, i, _TOKEN_FIELDS, r_over[i]), "error": ref_error[i]} if has_ref[i] else None
         return c, r
 
     classes = classify_batch(cand, rside, [r.get("error") for r in recs], ref_error, has_ref,
@@ -116,7 +92,7 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
         for i, rec in enumerate(recs):
             if ladder_pools(str(rec.get("pool"))):
                 facts.add_ladder(rec["key"], *fallback(i))
-    inputs = _inputs(tb, ks, recs, extras, absents, index, store, prompts)
+    inputs = _inputs(tb, ks, recs, over, index, store, prompts)
     for i, k in enumerate(ks):
         rec, ids = recs[i], inputs.get(i)
         out_ids = extras[i]["output_ids"] if "output_ids" in extras[i] else \
@@ -180,7 +156,7 @@ def _facts(tb, recs, cand, rside, has_ref, irregular, extras, fallback, facts: T
         facts.add_window(key, extras[i])  # the probe's fields have no columns of their own
 
 
-def _inputs(tb, ks, recs, extras, absents, index, store, prompts) -> dict[int, object]:
+def _inputs(tb, ks, recs, over, index, store, prompts) -> dict[int, object]:
     """Input ids (numpy, or the record's own value) of every batch row: the restore links compare prefixes of
     them, tree shapes walk them."""
     if not ks:
@@ -191,11 +167,11 @@ def _inputs(tb, ks, recs, extras, absents, index, store, prompts) -> dict[int, o
     out: dict[int, object] = {}
     stored = []
     for i in range(len(ks)):
-        if "input_ids" in extras[i]:
-            out[i] = extras[i]["input_ids"]
+        if "input_ids" in over[i].values:
+            out[i] = over[i].values["input_ids"]
         elif valid[i]:
             out[i] = flat[start[i]:start[i] + length[i]]
-        elif "input_ids" in absents[i]:
+        elif "input_ids" in over[i].absent:
             out[i] = None
         else:
             stored.append(i)

@@ -5,11 +5,22 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from records.columns import FIELDS, REQUEST_SCHEMA
+from records.columns import (
+    FIELDS,
+    REQUEST_SCHEMA,
+    from_batch,
+    null_columns,
+    overrides,
+    row_as_record,
+    rows_as_records,
+    stored_columns,
+    to_batch,
+)
 from records.compact import compact_run
 from records.jsonl import RecordFiles, load_run
 from records.reader import RunReader
@@ -83,6 +94,31 @@ def test_any_record_reads_back_with_the_same_contents(tmp_path_factory, recs, na
     files.close()
     reader = RunReader(tmp)
     assert [r for s in reader.stems() for r in reader.records(s)] == recs
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(records(), min_size=1, max_size=8))
+def test_the_public_readers_give_each_field_as_the_record_has_it(recs):
+    """What another package reads of stored rows (rows_as_records, row_as_record) is what the record reads back
+    as, field by field: kept-verbatim values put back, absent fields left out."""
+    batch = to_batch(recs, lambda r: True)
+    back = from_batch(batch, prompt=None)  # every input_ids inline: no stored prompt is asked for
+    over = overrides(batch)
+    scalars = [f for f, kind in FIELDS.items() if kind != "topk"]
+    assert rows_as_records(batch, scalars, over) == [{f: r[f] for f in scalars if f in r} for r in back]
+    assert rows_as_records(batch, ["key", "turn"]) == [{f: r[f] for f in ("key", "turn") if f in r} for r in back]
+    for i, r in enumerate(back):
+        assert row_as_record(batch, i, list(FIELDS), over[i]) == {f: r[f] for f in FIELDS if f in r}
+        assert over[i].absent == {f for f in FIELDS if f not in recs[i]}
+
+
+def test_stored_columns_name_what_holds_some_fields():
+    cols = stored_columns(["error", "output_ids", "output_top_logprobs"])
+    assert cols[:2] == ["error", "output_ids"] and set(cols) <= set(REQUEST_SCHEMA.names)
+    assert len(cols) == 6  # the top-k's two columns, and the two that say where a row departs from its columns
+    nulls = null_columns(cols, 3)
+    assert nulls.num_rows == 3 and nulls.schema == pa.schema([REQUEST_SCHEMA.field(c) for c in cols])
+    assert all(nulls.column(c).null_count == 3 for c in cols)
 
 
 def test_log_probs_are_stored_as_float32_and_nothing_else_loses_precision(tmp_path):

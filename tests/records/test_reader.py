@@ -1,4 +1,4 @@
-"""The bounded-memory reader: Arrow batches per pool, the resume index, ids of just the rows asked for."""
+"""The bounded-memory reader: Arrow batches per pool, ids of just the rows asked for."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from records.columns import REQUEST_SCHEMA
 from records.jsonl import RecordFiles, load_run
-from records.reader import RecordedTurn, RunReader
+from records.reader import RunReader
 from tests.reports.factory import candidate, prompt, reference
 
 
@@ -74,20 +74,6 @@ def test_batches_drop_duplicate_keys_with_one_seen_set(tmp_path):
     assert seen == {"i128-c1/s/0"} and reader.duplicates == 1
 
 
-def test_the_resume_index_holds_keys_hashes_and_each_sessions_last_turn(run_dir):
-    index = RunReader(run_dir).resume_index()
-    run = load_run(run_dir)
-    assert index.keys == {r["key"] for r in run.candidates} | {r["key"] for r in run.references.values()}
-    assert index.reference_hashes == set(run.references)
-    assert index.candidates == {c["key"]: RecordedTurn(c["key"], c["turn"], c["input_hash"], c["error"] is not None)
-                                for c in run.candidates}
-    assert {k: v.key for k, v in index.last_turns.items()} == {
-        ("i128", "i128-c1", "a"): "i128-c1/a/2", ("i128", "i128-c4", "a"): "i128-c4/a/1",
-        ("i256", "i256-c1", "b"): "i256-c1/b/2", ("i128", "i128-c1", "c"): "i128-c1/c/0"}
-    assert index.candidates["i256-c1/b/1"].failed and not index.candidates["i256-c1/b/0"].failed
-    assert index.missing_references() == set()
-
-
 def test_turn_io_gives_the_ids_a_next_turn_is_built_from(run_dir):
     reader = RunReader(run_dir)
     want = {"i128-c1/a/2", "i256-c1/b/0", "i128-c1/c/0"}
@@ -107,14 +93,6 @@ def test_prompts_of_just_some_hashes(run_dir):
         assert got == {}  # journals keep their ids inline: no stored prompts
     else:
         assert in_parts  # at least the first part's prompts are stored
-
-
-def test_a_missing_reference_is_named_by_the_index(tmp_path):
-    recs = [r for r in session("i128", 1, "a", 2, 1) if not (r["role"] == "reference" and r["output_ids"][0] == 2)]
-    write(tmp_path, recs)
-    index = RunReader(tmp_path).resume_index()
-    lost = next(r for r in session("i128", 1, "a", 2, 1) if r["role"] == "candidate" and r["turn"] == 1)
-    assert index.missing_references() == {lost["input_hash"]}
 
 
 def test_a_damaged_directory_says_what_is_missing(tmp_path):

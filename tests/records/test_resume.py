@@ -1,12 +1,13 @@
-"""harness/refstore.py: what the driver keeps of recorded requests agrees with the records it summarizes."""
+"""records/resume.py: what a resume keeps of recorded requests agrees with the records it summarizes."""
 
 from __future__ import annotations
 
 import shutil
 
-from harness.refstore import Recorded, RefDone, ResumeState
 from records.compact import compact_run
-from records.jsonl import load_run
+from records.jsonl import RecordFiles, load_run
+from records.resume import Recorded, RefDone, ResumeState, written_point_keys
+from records.schema import POINTS_FILE, STATS_FILE, WARMUP_FILE, point_record_key, warmup_key
 from tests.reports.factory import pair, prompt, synthetic_run, write_run
 
 
@@ -58,3 +59,14 @@ def test_io_reads_just_the_turns_asked_for(tmp_path):
     want = [c for c in run.candidates if c["turn"] == 1][:3]
     got = ResumeState.read(run_dir).io([c["key"] for c in want] + ["not-a-key"])
     assert got == {c["key"]: (c["input_ids"], c["output_ids"]) for c in want}
+
+
+def test_the_written_sweep_point_and_warmup_keys_are_what_a_resume_must_not_write_again(tmp_path):
+    files = RecordFiles(tmp_path, set())
+    point, warmup = point_record_key("i128", "c4"), warmup_key("i128", "c4", 0)
+    files.write(POINTS_FILE, {"key": point, "role": "point"})
+    files.write(WARMUP_FILE, {"key": warmup, "role": "warmup"})
+    files.write(STATS_FILE, {"key": "stats/i128-c4/r0", "role": "stats"})
+    files.close()
+    assert written_point_keys(tmp_path) == {point, warmup}
+    assert written_point_keys(tmp_path / "nothing-here") == set()
