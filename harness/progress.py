@@ -49,7 +49,7 @@ class Progress:
         self._refresh()
 
     def point(self, pool: str, point, counts) -> None:
-        """A sweep point finished: print its counts (harness/driver_point.py PointCounts.line)."""
+        """A sweep point finished: print its counts (harness/sweep.py PointCounts.line)."""
         self.points.append(counts)
         self.write(counts.line(pool, point))
 

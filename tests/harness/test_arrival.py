@@ -1,11 +1,11 @@
-"""Open-loop schedules (harness/arrival.py) and the sweep-point bookkeeping (harness/driver_point.py)."""
+"""Open-loop schedules (harness/arrival.py) and the sweep-point bookkeeping (harness/sweep.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.arrival import gaps, schedule, turn_rounds
-from harness.driver_point import Point, PointCounts, StopRule, sweep
+from harness.sweep import Point, PointCounts, StopRule, sweep
 
 
 def test_constant_gaps_are_one_over_the_rate():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from harness.arrival import schedule
-from harness.driver_point import Point
+from harness.sweep import Point
 from records.jsonl import load_run
 from records.reader import RunReader
 from tests.harness.helpers import duplicate_keys, expected_candidate_keys, journal_lines, make_sessions, read_lines

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from harness.driver_point import Point, PointCounts
+from harness.sweep import Point, PointCounts
 from harness.progress import Progress, StartupProgress, wait_all
 
 

@@ -1,4 +1,4 @@
-"""One sweep point of the driver: its shape (closed loop or open loop), its stop rule and its counts.
+"""The sweep points of a pool: each one's shape (closed loop or open loop), its stop rule and its counts.
 
 A closed-loop point (`--concurrency C`) keeps C sessions in flight; an open-loop point (`--request-rate R`)
 sends each request at its planned time (harness/arrival.py), a session's turn no earlier than its previous
