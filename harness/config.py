@@ -1,5 +1,6 @@
 """RunConfig: the run-wide settings of a harness run (workload, sweep, cluster, gate, run directory), validated
-here, and the chosen target's own settings (harness/targets/; the command line is harness/cli.py).
+here, and the chosen target's own settings, a TargetSettings subclass declared by each kind of target
+(harness/targets/); the command line is harness/cli.py.
 
 Each field is declared once with `setting` (harness/settings.py): its kind, help and
 what a resume does with it; every flag `--foo-bar` has the TOML key `foo_bar`. The
@@ -12,18 +13,67 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from harness.backends import BACKENDS
 from harness.errors import ConfigError
-from harness.settings import TargetSettings, check_choices, declared, flag, setting
+from harness.settings import Need, check_choices, declared, flag, setting
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 from reports.latency import parse_slo
 
-__all__ = ["ConfigError", "RunConfig", "flag", "validate"]
+__all__ = ["ConfigError", "RunConfig", "TargetSettings", "flag", "validate"]
 PLACEMENTS = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
 ARRIVALS = ("constant", "poisson")  # --arrival: how open-loop (--request-rate) send times are spaced
 
 GATE = GateThresholds()  # the gate's defaults, defined once in reports/gate.py
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """One kind of target's own settings, and what the rest of a run needs to know about that target.
+
+    A subclass sets `key` (its --engine value, or the name of a target chosen otherwise) and declares its fields
+    with `setting`; the run reads only the attributes below, never the target's name.
+    """
+
+    key: ClassVar[str] = ""
+    managed: ClassVar[bool] = True  # the harness starts its servers (under Ray); else they run already
+    chosen_by: ClassVar[tuple[str, ...]] = ()  # its settings that choose it without --engine (else --engine KEY)
+    default_backend: ClassVar[str] = "sglang"  # --backend when not given
+    refuses: ClassVar[frozenset[str]] = frozenset()  # run-wide settings (RunConfig's) it cannot honour
+
+    @property
+    def noisy(self) -> bool:
+        """Whether its numerics move with the code path (bf16, GPU kernels): then every run is calibrated from
+        controls (harness/calibrate.py); an exact target keeps its fixed tolerance."""
+        return True
+
+    @property
+    def drift_tolerance(self) -> float:
+        """The gate's default --drift-tolerance for this target."""
+        return EXTERNAL_DRIFT_TOLERANCE
+
+    def suite(self, suite: str) -> str:
+        """The suite a run drives, given --suite (a target may run one of its own)."""
+        return suite
+
+    def suite_flag(self, suite: str) -> str:
+        """The flag that chose the workload, for messages."""
+        return f"--suite {suite}"
+
+    def validate(self, run: RunConfig, need: Need) -> None:
+        """The target's own settings, checked against the run's; `need(ok, message)` raises the ConfigError."""
+        check_choices(self, need)
+
+    def refused(self, name: str, offered_by: tuple[str, ...]) -> str:
+        """Why the setting `name`, which this target does not have, is refused; `offered_by`: the --engine values
+        whose targets have it."""
+        where = f" (--engine {' or '.join(offered_by)} does)" if offered_by else ""
+        return f"{flag(name)} does not apply to this target{where}"
+
+    def to_json(self) -> dict:
+        """The settings as JSON-ready values (config.json's run_config holds them beside the run-wide ones)."""
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -132,6 +182,11 @@ class RunConfig:
         return self.target.key
 
     @property
+    def engine(self) -> str | None:
+        """The --engine value that chooses this run's target (None: its own settings choose it, as --endpoint)."""
+        return None if self.target.chosen_by else self.key
+
+    @property
     def external(self) -> bool:
         """True when driving already-running servers instead of starting replicas."""
         return not self.target.managed
@@ -156,13 +211,12 @@ class RunConfig:
         return {**run, **own}
 
     def to_json(self) -> dict:
-        """The config as JSON-ready values, flat as the flags are, with `target` (its kind) and, for a started
-        target, `engine` (the --engine value); the API key redacted."""
+        """The config as JSON-ready values, flat as the flags are, with `target` (its kind) and, for a target chosen
+        by --engine, `engine`; the API key redacted."""
         d = {**asdict(self), **self.target.to_json()}
-        d.pop("target", None)
         d["target"] = self.key
-        if self.target.managed:
-            d["engine"] = self.key
+        if self.engine is not None:
+            d["engine"] = self.engine
         if d["api_key"]:
             d["api_key"] = "***"
         return d

@@ -78,7 +78,7 @@ def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path)
     the pools is given with another value than the run's.
     """
     base = _saved_settings(saved, run_dir)
-    now = {**given.settings(), "engine": given.key if given.target.managed else _value({}, "engine")}
+    now = {**given.settings(), "engine": given.engine or _value({}, "engine")}
     if not given.trust_run_config:
         base[ADDRESS] = given.address
         for k in chooses_what_runs():
@@ -100,8 +100,6 @@ def for_resume(saved: dict, given: RunConfig, explicit: set[str], run_dir: Path)
     base.update(overrides)
     base.update(run_id=run_dir.name, runs_dir=str(run_dir.parent), resume=str(run_dir), dry_run=given.dry_run,
                 trust_run_config=given.trust_run_config)
-    if not given.trust_run_config and "engine" in explicit:  # a stored kind yields to the engine given again
-        base.pop(RESUME_ONLY, None)
     try:
         return run_config(base)
     except ConfigError as e:
@@ -112,7 +110,7 @@ def trusted_lines(cfg: RunConfig, config_path: Path) -> list[str]:
     """What a `--trust-run-config` resume takes from `config_path` that chooses what runs: one line each, to print
     before anything runs."""
     lines = []
-    settings = {**cfg.settings(), "engine": cfg.key}
+    settings = {**cfg.settings(), "engine": cfg.engine}
     command = settings.get("server_command")
     if command:
         lines.append(f"--trust-run-config: running the server command stored in {config_path}: "

@@ -3,9 +3,9 @@
 `protocol` imports no project package; `engine`, `workloads` and `records` import only
 `protocol`; `reports` imports `records` and `protocol`; `harness` may import all but
 `training`; `training` imports `engine`, `workloads` and `protocol`. Every import counts,
-also those inside functions. Within `harness`, no module imports itself back through others
-(an import circle), again counting imports inside functions; only imports under
-`if TYPE_CHECKING:` are left out, since they never run.
+also those inside functions. Within every package (the scripts of `benchmarks/` and the tests
+included), no module imports itself back through others (an import circle), counting every
+import: inside functions and under `if TYPE_CHECKING:` too, since a reader follows those as well.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ ALLOWED = {
     "harness": {"protocol", "engine", "workloads", "records", "reports"},
     "training": {"engine", "workloads", "protocol"},
 }
+CIRCLE_FREE = (*ALLOWED, "benchmarks", "tests")  # packages (and script folders) checked for import circles
 MAX_MODULE_LINES = 300
 
 
@@ -54,27 +55,21 @@ def violations(root: Path = ROOT) -> list[str]:
     return out
 
 
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and (getattr(node.test, "id", None) == "TYPE_CHECKING"
-                                         or getattr(node.test, "attr", None) == "TYPE_CHECKING")
-
-
 def import_graph(root: Path, pkg: str) -> dict[str, set[str]]:
     """Module -> the modules of `pkg` it imports: `import a.b` and `from a.b import c` are edges to the module
-    `a.b`, or to `a.b.c` where that is a module itself (parent packages are not counted)."""
+    `a.b`, or to `a.b.c` where that is a module itself (parent packages are not counted). In a folder of scripts
+    (no `__init__.py`: benchmarks/) a script imports its neighbours by their bare names."""
     files = {}
     for path in sorted((root / pkg).rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
         is_package = parts[-1] == "__init__"
         files[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    scripts = not (root / pkg / "__init__.py").exists()
     graph: dict[str, set[str]] = {}
     for module, (path, is_package) in files.items():
         tree = ast.parse(path.read_text(), str(path))
-        skip = {id(n) for t in ast.walk(tree) if _type_checking_only(t) for b in t.body for n in ast.walk(b)}
         edges = graph[module] = set()
         for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
             if isinstance(node, ast.Import):
                 edges |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom):
@@ -83,6 +78,8 @@ def import_graph(root: Path, pkg: str) -> dict[str, set[str]]:
                     parts = module.split(".")[:len(module.split(".")) - node.level + is_package]
                     base = ".".join(parts + ([base] if base else []))
                 edges |= {f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names}
+        if scripts:
+            edges |= {f"{pkg}.{e}" for e in edges if f"{pkg}.{e}" in files}
         edges &= set(files) - {module}
     return graph
 
@@ -157,15 +154,16 @@ def test_the_rule_catches_a_backward_import(tmp_path):
     ]
 
 
-def test_no_import_circles_in_the_harness():
-    circles = import_cycles(import_graph(ROOT, "harness"))
+@pytest.mark.parametrize("pkg", CIRCLE_FREE)
+def test_no_import_circles(pkg):
+    circles = import_cycles(import_graph(ROOT, pkg))
     assert not circles, "import circles (move the shared part down into a module both import):\n" + "\n".join(
         " -> ".join(c) for c in circles)
 
 
-def test_the_circle_check_sees_imports_inside_functions(tmp_path):
-    """The checker itself: a circle closed by an import inside a function, and one through a package's
-    `__init__`, are both found; an import only for type checking is not one."""
+def test_the_circle_check_sees_imports_inside_functions_and_for_type_checking(tmp_path):
+    """The checker itself: a circle closed by an import inside a function, one through a package's `__init__`,
+    and one closed by an import for type checking only are all found."""
     pkg = tmp_path / "harness"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -176,7 +174,22 @@ def test_the_circle_check_sees_imports_inside_functions(tmp_path):
     (pkg / "typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from harness.d import T\n")
     (pkg / "d.py").write_text("from harness import typed\n")
     assert import_cycles(import_graph(tmp_path, "harness")) == [
-        ["harness.a", "harness.b", "harness.a"], ["harness.sub", "harness.sub.c", "harness.sub"]]
+        ["harness.a", "harness.b", "harness.a"], ["harness.d", "harness.typed", "harness.d"],
+        ["harness.sub", "harness.sub.c", "harness.sub"]]
+
+
+@pytest.mark.parametrize("pkg", CIRCLE_FREE)
+def test_a_circle_planted_in_any_package_fails_the_check(tmp_path, pkg):
+    """Each checked package, copied, then given two modules that import each other (one inside a function, as
+    scripts of a folder without `__init__.py` import their neighbours by bare name): the check names them."""
+    import shutil
+
+    shutil.copytree(ROOT / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__", "data", "weights"))
+    scripts = not (tmp_path / pkg / "__init__.py").exists()
+    first, second = ("planted_a", "planted_b") if scripts else (f"{pkg}.planted_a", f"{pkg}.planted_b")
+    (tmp_path / pkg / "planted_a.py").write_text(f"import {second}\n")
+    (tmp_path / pkg / "planted_b.py").write_text(f"def f():\n    from {first} import x\n")
+    assert [f"{pkg}.planted_a", f"{pkg}.planted_b", f"{pkg}.planted_a"] in import_cycles(import_graph(tmp_path, pkg))
 
 
 @pytest.mark.parametrize("pkg", sorted(ALLOWED))

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from harness.backends import PROBE_KEY
 from harness.backends.info import block_size_of, speculative, strategy_of
+from harness.config import TargetSettings
 from harness.plan import Plan
-from harness.settings import TargetSettings
 from harness.workload import WorkloadTarget, load_sessions
 
 if TYPE_CHECKING:

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from harness.backends import Backend, ReplicaFailure, RequestError, make_backend
+from harness.config import TargetSettings
 from harness.errors import ConfigError, HarnessError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan, sessions_for, skipped
 from harness.pools import Pool, external_pools
-from harness.settings import Need, TargetSettings, setting
+from harness.settings import Need, setting
 from harness.targets.base import Target, reported_settings
 from harness.workload import WorkloadTarget, load_target_tokenizer
 

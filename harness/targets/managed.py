@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.config import TargetSettings
 from harness.plan import Plan, PoolPlan
 from harness.ray_pools import Launch, RayPools
-from harness.settings import Need, TargetSettings, setting
+from harness.settings import Need, setting
 from harness.targets.base import Target
 
 __all__ = ["Launch", "ManagedSettings", "ManagedTarget", "diagnose_setting"]
