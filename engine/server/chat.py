@@ -17,7 +17,7 @@ from aiohttp import web
 
 from engine.io_struct import GenerateOutput
 from engine.server.format import finite, output_text, token_str
-from engine.server.openai import DeltaStream, finish_reason, token_name, usage
+from engine.server.openai_answer import DeltaStream, finish_reason, token_name, usage
 from engine.server.openai_params import (
     CHAT_FIELDS,
     CHAT_NOOPS,

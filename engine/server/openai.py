@@ -1,5 +1,7 @@
 """OpenAI-compatible endpoints: POST /v1/completions, POST /v1/chat/completions (chat.py), GET /v1/models.
 
+What the two answers share (finish reason, usage, token names, the incremental stream) is openai_answer.py's.
+
 One prompt and one choice per request. `model` must be the served model id or
 one of its aliases (served_model.py): another name is a 404 naming the served
 one. Which fields are honoured, accepted at a no-op value or ignored is in
@@ -16,7 +18,9 @@ import time
 from aiohttp import web
 
 from engine.io_struct import GenerateOutput
-from engine.server.format import finite, output_text, sse, text_offsets, token_str
+from engine.server.chat import handle_chat
+from engine.server.format import finite, output_text, text_offsets
+from engine.server.openai_answer import DeltaStream, finish_reason, token_name, usage
 from engine.server.openai_params import (
     COMPLETION_FIELDS,
     COMPLETION_NOOPS,
@@ -27,9 +31,6 @@ from engine.server.openai_params import (
 )
 from engine.server.state import final_output, generation, read_json, state_of, stream_events
 from engine.server.validate import GenerateCall, Limits, bad, prompt_ids, show
-from protocol.tokenizer import BYTE_TOKENIZER
-
-FINISH = {"length": "length", "stop": "stop", "abort": "abort"}
 
 
 def one_prompt(prompt):
@@ -56,11 +57,6 @@ def parse_completion(body: dict, limits: Limits) -> tuple[GenerateCall, AnswerOp
                       logprobs=top_logprobs_arg(body, "logprobs"), prefix="cmpl")
 
 
-def token_name(token_id: int, as_ids: bool) -> str:
-    """A token as OpenAI logprobs name it: its text, or vLLM's "token_id:N" with return_tokens_as_token_ids."""
-    return f"token_id:{token_id}" if as_ids else token_str(token_id)
-
-
 def completion_logprobs(out: GenerateOutput, start: int, call: GenerateCall, opts: AnswerOptions) -> dict:
     """OpenAI's legacy logprobs object for output tokens [start:]; top_logprobs include the chosen token."""
     ids, as_ids = out.output_ids, opts.tokens_as_ids
@@ -73,56 +69,6 @@ def completion_logprobs(out: GenerateOutput, start: int, call: GenerateCall, opt
     return {"tokens": [token_name(t, as_ids) for t in ids[start:]],
             "token_logprobs": [finite(lp) for lp in out.output_logprobs[start:]],
             "top_logprobs": top, "text_offset": offsets[start:]}
-
-
-def usage(out: GenerateOutput) -> dict:
-    """OpenAI usage (so far, for a continuous-usage chunk), with vLLM's cached_tokens detail."""
-    return {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-            "total_tokens": out.prompt_tokens + out.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
-
-
-def finish_reason(out: GenerateOutput) -> str | None:
-    if not out.finished or not out.finish_reason:
-        return None
-    return FINISH.get(out.finish_reason.get("type"), "stop")
-
-
-class DeltaStream:
-    """Turns cumulative engine snapshots into OpenAI's incremental stream chunks (`chunk` shapes one)."""
-
-    def __init__(self, head: dict, call: GenerateCall, opts: AnswerOptions):
-        self.head, self.call, self.opts = head, call, opts
-        self.sent_chars = 0
-        self.sent_tokens = 0
-        self.first = True  # the first chunk carries the prompt's token ids (vLLM) and the chat role
-        self.hold = max((len(s) for s in call.req.sampling.stop), default=1) - 1
-
-    def stable_text(self, out: GenerateOutput) -> str:
-        """Text that can no longer change: no trailing partial UTF-8, no possible start of a stop string."""
-        if out.finished:
-            return output_text(out, self.call.skip_special_tokens)
-        text = BYTE_TOKENIZER.decode(out.output_ids, keep_special=not self.call.skip_special_tokens).rstrip("\ufffd")
-        return text[: len(text) - self.hold] if self.hold else text
-
-    def chunk(self, out: GenerateOutput, delta: str, start: int) -> dict:
-        raise NotImplementedError
-
-    def events(self, out: GenerateOutput) -> list[bytes]:
-        text = self.stable_text(out)
-        delta = text[self.sent_chars:]
-        if not delta and len(out.output_ids) == self.sent_tokens and not out.finished:
-            return []
-        chunk = self.chunk(out, delta, self.sent_tokens)
-        self.first = False
-        self.sent_chars = max(self.sent_chars, len(text))
-        self.sent_tokens = len(out.output_ids)
-        if self.opts.continuous_usage:
-            chunk["usage"] = usage(out)
-        events = [sse(chunk)]
-        if out.finished and self.opts.include_usage:
-            events.append(sse(dict(self.head, choices=[], usage=usage(out))))
-        return events
 
 
 class CompletionStream(DeltaStream):
@@ -163,8 +109,7 @@ async def handle_models(request: web.Request) -> web.Response:
 
 
 def add_openai_routes(app: web.Application) -> None:
-    from engine.server.chat import handle_chat
-
+    """Serve the OpenAI-compatible endpoints on `app`."""
     app.router.add_post("/v1/completions", handle_completions)
     app.router.add_post("/v1/chat/completions", handle_chat)
     app.router.add_get("/v1/models", handle_models)
