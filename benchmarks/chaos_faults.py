@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from chaos import ROOT, harness_command, headline, records, replica_servers, run_harness
+from chaos_run import ROOT, harness_command, headline, records, replica_servers, run_harness
 
 PHASES = ("probe", "drive", "render")
 EXPECTED = {signal.SIGINT: 130, signal.SIGTERM: 143}  # docs/harness.md, exit statuses

@@ -10,7 +10,8 @@ from reports.oracle import tie_flip
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from chaos import differences, gated  # noqa: E402
+from chaos import differences  # noqa: E402
+from chaos_run import gated  # noqa: E402
 
 
 def rec(ids: list[int], tops: list[list[list]]) -> dict:
