@@ -7,10 +7,12 @@ import json
 
 import pytest
 
-from harness.driver import Driver
-from harness.pools import HarnessError
+from harness.errors import HarnessError
+from harness.recorded import RunSoFar
+from harness.sessions import SessionLoop
 from records.incidents import load_incidents
 from records.jsonl import load_run
+from records.resume import Recorded
 from tests.harness.helpers import journal_lines, make_sessions, read_lines
 from tests.harness.test_driver import INTERVAL, drive, with_servers
 
@@ -42,10 +44,11 @@ def test_turns_after_a_resume_are_flagged_cache_lost(tmp_path):
 
 
 class _Stub:
-    """Just what Driver._cache_lost reads."""
+    """Just what SessionLoop._cache_lost reads: what earlier processes recorded, and who answered each turn."""
 
-    def __init__(self, existing, served):
-        self.existing, self.served = existing, served
+    def __init__(self, recorded: list[str], served):
+        self.so_far = RunSoFar({k: Recorded(k, 0, None, False, b"") for k in recorded})
+        self.served = served
 
 
 @pytest.mark.parametrize("prev,served_before,now,want", [
@@ -57,8 +60,8 @@ class _Stub:
     ("k0", None, ("i16-r0", 0), None),  # the previous turn failed: nothing was cached
 ])
 def test_cache_lost_causes(prev, served_before, now, want):
-    stub = _Stub({"old": {}}, {"k0": served_before} if served_before else {})
-    assert Driver._cache_lost(stub, prev, now) == want
+    stub = _Stub(["old"], {"k0": served_before} if served_before else {})
+    assert SessionLoop._cache_lost(stub, prev, now) == want
 
 
 def test_incidents_of_external_replicas_are_recorded(tmp_path):
