@@ -141,12 +141,35 @@ def interval_subsystem(flagged: dict[str, int]) -> str:
     return "interplay" if flagged.get("full", 0) > 0 else "none"
 
 
+# where every flagged request ran with one of the two paths alone, the other cannot be at fault
+ONE_PATH = {
+    "speculation": "speculative verify / accept: every flagged request ran with speculation and no prefix cache "
+                   "(nothing to restore), so the cache cannot be at fault",
+    "caching": "caching / checkpoint tracking: every flagged request ran with a prefix cache and no speculation",
+    "both": "both speculation and caching: flagged requests ran with speculation and no prefix cache, and with a "
+            "prefix cache and no speculation",
+}
+
+
+def one_path_subsystem(variants: set[str]) -> str | None:
+    """The subsystem the flagged requests' pool variants alone name (a ONE_PATH key) when none of them ran both
+    speculation and a prefix cache; None otherwise."""
+    if not variants or not variants <= {"spec_only", "cache_only"}:
+        return None
+    return interval_subsystem(dict.fromkeys(variants, 1))
+
+
 def _undiagnosed(df: pd.DataFrame, table: pd.DataFrame) -> Diagnosis:
     flagged = df[df["class"].isin(FLAGGED)]
     evidence = [_status(r) for r in table.to_dict("records")]
     if not len(flagged):
         return Diagnosis("none", "Nothing points at a subsystem: no request was flagged (drift or hard).",
                          evidence, table)
+    one_path = one_path_subsystem(set(flagged["variant"].astype(str)))
+    if one_path is not None:
+        pools = ", ".join(sorted(set(flagged["pool"].astype(str))))
+        return Diagnosis(one_path, f"The evidence points at {ONE_PATH[one_path]} (pool(s) {pools}).",
+                         [f"{len(flagged)} flagged request(s), all in pool(s) {pools}", *evidence], table)
     restored = flagged[flagged["restored"].fillna(False).astype(bool)]
     first = restored[restored["onset_points_at"] == "restored_checkpoint"]
     verify = restored[restored["restored_verify_crossed"].fillna(False).astype(bool)]

@@ -111,11 +111,13 @@ class Verdict:
 
 
 def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexercised: list[str] | None = None,
-             path_numerics: int = 0) -> Verdict:
+             path_numerics: int = 0, decisive: list[str] | None = None) -> Verdict:
     """Judge the requests frame of `reports.analyze` (one row per gated candidate, column `class`).
 
     `unexercised`: what the run did not exercise (reports/exercised.py); with no threshold exceeded it makes
-    the verdict INCONCLUSIVE (exit 3). `path_numerics`: drift rows already judged path numerics (counted apart)."""
+    the verdict INCONCLUSIVE (exit 3). `path_numerics`: drift rows already judged path numerics (counted apart).
+    `decisive`: per pool, the flips no measured numerics explain (reports/numerics.py), listed after the hard
+    count when it fails the gate: evidence of a bug, never a reason for INCONCLUSIVE."""
     t = thresholds or GateThresholds()
     counts = df["class"].value_counts() if len(df) else pd.Series(dtype=int)
     exact, drift, soft, hard, errors = (int(counts.get(c, 0)) for c in ("exact", "drift", "soft", "hard", "error"))
@@ -124,7 +126,7 @@ def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexerc
     if requests == 0:
         reasons.append("no candidate requests were recorded: nothing was tested")
     if hard > t.max_hard:
-        reasons.append(f"{hard} hard mismatches > allowed {t.max_hard}")
+        reasons += [f"{hard} hard mismatches > allowed {t.max_hard}", *(decisive or [])]
     if drift > t.max_drift:
         windowed = int((df["class"].eq("drift") & df["detail"].fillna("").str.startswith(WINDOW_DETAIL)).sum()) \
             if "detail" in df else 0

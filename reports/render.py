@@ -31,6 +31,8 @@ from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
 from reports.html_cases import worst_cases
 from reports.junit import write_junit
+from reports.numerics import NumericsScale, decisive, decisive_lines, pool_scales, with_decisive_flips
+from reports.oracle import FLAGGED
 from reports.paired import paired_check
 from reports.plots import write_plots
 from reports.results import RunResults
@@ -95,6 +97,15 @@ def _server_acceptance(run_dir: Path) -> dict[str, tuple[int, int]]:
     return server_acceptance(counters) if isinstance(counters, dict) else {}
 
 
+def numerics_scales(df, thresholds: GateThresholds, per_pool: dict[str, tuple] | None,
+                    calibration: dict[str, dict] | None) -> dict[str, NumericsScale]:
+    """Each gated pool's measured numerics (reports/numerics.py): its drift tolerance from `per_pool` (else the
+    run's), its controls' figures from `calibration` (config.json `calibration.per_pool`)."""
+    gated = df[~df["pool"].map(is_control).astype(bool)] if len(df) else df
+    tolerances = {p: float(limits[1]) for p, limits in (per_pool or {}).items()}
+    return pool_scales(gated, tolerances, thresholds.drift_tolerance, calibration) if len(gated) else {}
+
+
 def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
           per_pool: dict[str, tuple] | None, restore_tolerances: dict[str, float] | None = None,
           counted: dict[str, tuple[int, int]] | None = None, calibration: dict[str, dict] | None = None
@@ -108,9 +119,12 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
     calibration's entry per pool (config.json `calibration.per_pool`: its controls, their largest drift), which
     says which pools no control shares a path with (reports/controls.py unshared_pools)."""
     control = df["pool"].map(is_control).astype(bool) if len(df) else pd.Series([], dtype=bool)
-    gated = df[~control]
+    scales = numerics_scales(df, thresholds, per_pool, calibration)
+    gated = with_decisive_flips(df[~control], scales)  # a flip no measured numerics explain is never soft ...
+    beyond = decisive(gated, scales)
     unshared = unshared_pools(gated, calibration or {}) if calibrated and len(gated) else {}
-    mask = path_numerics(gated, unshared) if calibrated else pd.Series(False, index=gated.index)
+    # ... nor path numerics, whatever its pool restored or shares with a control
+    mask = path_numerics(gated, unshared) & ~beyond if calibrated else pd.Series(False, index=gated.index)
     lines = []
     if mask.any():
         lines = path_numerics_lines(gated, mask, {p: limits[1] for p, limits in (per_pool or {}).items()},
@@ -119,8 +133,10 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
     if calibrated:  # the restore moved the first token: drift, whatever the turn's tolerance
         gated = with_restore_onsets(gated, facts.first_drift, restore_tolerances or {})
     found = unexercised(gated, facts, thresholds.min_coverage, counted)
-    verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()))
-    gated = gated.assign(unjudged_pool=gated["pool"].astype(str).isin(set(unshared)))
+    verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()),
+                       decisive_lines(gated, beyond, scales))
+    judged = set(gated.loc[gated["class"].isin(FLAGGED), "pool"].astype(str)) if len(gated) else set()
+    gated = gated.assign(unjudged_pool=gated["pool"].astype(str).isin(set(unshared) - judged))
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
 
 
@@ -184,11 +200,13 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     if calibrated:
         df = with_restore_onsets(df, run.facts.first_drift, _restore_tolerances(config))
         df = _with_paired(run_dir, df, config)
+    calibration = (config.get("calibration") or {}).get("per_pool")
+    df = with_decisive_flips(df, numerics_scales(df, thresholds, per_pool, calibration))
     tables = write_tables(df, run_dir, run.stats, run.candidates, run.shapes)
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
     verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
-                               _server_acceptance(run_dir), (config.get("calibration") or {}).get("per_pool"))
+                               _server_acceptance(run_dir), calibration)
     records, references = _case_records(run_dir, df, {str(c.get("key")): c for c in run.candidates})
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=references,

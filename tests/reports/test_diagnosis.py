@@ -168,18 +168,22 @@ def test_diagnosis_reads_every_pool_of_a_vllm_shaped_run():
     assert all("--drift-tolerance" not in line and "path numerics" in line for line in lines)
 
 
-def _speculation_only_vllm_run(full_flagged: bool = False) -> tuple[pd.DataFrame, TokenFacts]:
+def _speculation_only_vllm_run(full_flagged: bool = False, flip_margin: float = 0.8
+                               ) -> tuple[pd.DataFrame, TokenFacts]:
     """Records shaped like the vLLM Qwen3-Next bf16 re-run (draft_model drafter, --no-enable-prefix-caching
     --calibrate --diagnose): the candidate `vllm` speculates without a prefix cache, so it restores nothing, and
-    drifts from its first verify step (output 1; one request also flips a token after it); `vllm-cache`'s restores
-    are exact and a split prefill drifts from its first token; the baseline control is clean. With `full_flagged`
-    a full candidate `vllm-full` (speculation + prefix cache) whose restored turns drift stands beside them."""
+    drifts from its first verify step (output 1, by 0.5; one request also flips a token after it, at reference
+    margin `flip_margin`); `vllm-cache`'s restores are exact and a split prefill drifts from its first token; the
+    baseline control is clean. With `full_flagged` a full candidate `vllm-full` (speculation + prefix cache) whose
+    restored turns drift stands beside them."""
     recs = []
     for s in range(4):
         p = prompt(65, seed=s)
         out = [100 + j for j in range(8)]
-        spec = pair(p, out if s else out[:4] + [7] + out[5:], out, margins={4: 2.0}, pool="vllm", interval=None,
-                    session_id=f"s{s}", spec_trace=None)
+        # a prompt of its own: the other pools' references (margin 5 everywhere) would stand for its reference
+        spec = pair(prompt(65, seed=s + 4), out if s else out[:4] + [7] + out[5:], out,
+                    margins=None if s else {4: flip_margin},
+                    pool="vllm", interval=None, session_id=f"s{s}", spec_trace=None)
         spec[0]["output_logprobs"] = [-0.25] + [-0.75] * 7
         spec[0]["engine"]["radix_cache"] = False
         cache = pair(p, out, pool="vllm-cache", interval=64, session_id=f"c{s}", spec_trace=None,
@@ -238,6 +242,30 @@ def test_a_speculation_only_pool_that_no_control_shares_a_path_with_is_not_judge
     trusted, _, _ = judge(df, facts, GateThresholds(min_coverage=0.0), True, {"vllm": (0.5, 0.234)},
                           calibration=own)
     assert (trusted.hard, trusted.drift) == (1, 3)
+
+
+def test_a_flip_beyond_what_the_unjudged_path_moved_is_judged_and_names_speculation():
+    """The same speculation-only pool, but its flip's reference margin (2.0) is more than twice the largest drift
+    its path showed (0.5): no numerics of that size flip it, so it is hard whatever the pool restored; its drift
+    stays path numerics, and with the cache-only pool clean the diagnosis names speculation."""
+    from reports.gate import GateThresholds
+    from reports.render import judge
+
+    df, facts = _speculation_only_vllm_run(flip_margin=2.0)
+    verdict, lines, judged = judge(df, facts, GateThresholds(min_coverage=0.0), True,
+                                   {"vllm": (0.5, 0.234), "vllm-cache": (0.5, 0.234)}, calibration=_CALIBRATION)
+    assert (verdict.word, verdict.hard, verdict.drift, verdict.path_numerics) == ("FAIL", 1, 0, 4)
+    assert verdict.reasons[1] == (
+        "pool vllm: 1 token flip(s) at output 4 that no measured numerics explain (reference margin 2 at the flip), "
+        "where 2 x 0.5 = 1 is the most this path's numerics can close (its turns that restored nothing 0.5 (before "
+        "any flip), its controls 0.0584, its tolerance 0.234): hard mismatches, whatever the pool restored")
+    assert lines[0].startswith("pool vllm: restored nothing, and no control shares its path (speculation, no "
+                               "prefix cache; calibrated against baseline only, whose largest drift is 0.0584): its "
+                               "3 flagged request(s) (0 hard, 3 drift;")
+    d = diagnose(judged)
+    assert (d.subsystem, d.evidence[0]) == ("speculation", (
+        "interval 64: vllm-cache (cache_only) flagged 0/4 (1 path numerics, 2 restored a checkpoint); vllm "
+        "(spec_only) flagged 1/4 (3 path numerics, 0 restored a checkpoint) -> speculation"))
 
 
 def test_a_flagged_full_candidate_beside_an_unjudged_half_names_no_single_subsystem():
