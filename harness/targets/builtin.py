@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
@@ -88,6 +89,10 @@ class BuiltinSettings(ManagedSettings):
                  f"--intervals: interval {i} is not a multiple of --page-size {self.page_size}")
         need(self.model_preset is None or self.model_path == "random",
              f"--model-preset applies to --model-path random only (model path is {self.model_path!r})")
+        weights = Path(self.model_path).expanduser()
+        need(self.model_path in ("default", "random") or run.address is not None or weights.is_dir(),
+             f"--model-path {self.model_path}: not 'default', 'random' or a weights directory (one with "
+             "config.json and model.safetensors, as `python -m training` writes)")
         if self.inject_fault is not None:
             from engine.faults import check_fault_name
 
@@ -108,11 +113,10 @@ class BuiltinSettings(ManagedSettings):
         slots = overrides.get("max_state_slots", 0)
         need(not 0 < slots < 3, f"--candidate-args: --max-state-slots {slots} cannot hold one request (a working "
              "and two tracking slots); use >= 3 (or 0 for the default)")
-        if overrides or self.cover:
-            try:
-                check_candidate_engines(run)
-            except EngineArgsError as e:
-                raise ConfigError(f"--candidate-args: {e}") from None
+        try:  # every pool's EngineConfig, as its replicas will build it: a bad value stops here, not in Ray
+            check_candidate_engines(run)
+        except EngineArgsError as e:
+            raise ConfigError(engine_error(str(e), bool(overrides))) from None
 
 
 def candidate_engine(cfg: RunConfig, interval: int, speculative: bool = True, radix_cache: bool = True) -> EngineSpec:
@@ -158,6 +162,22 @@ def _base_config(cfg: RunConfig, engine: EngineSpec) -> dict:
 def engine_config(cfg: RunConfig, engine: EngineSpec) -> EngineConfig:
     """The built-in engine's settings for a pool's replicas (what their ranks and servers are built from)."""
     return EngineConfig(**{**_base_config(cfg, engine), **engine_overrides(engine.args)})
+
+
+# EngineConfig fields the harness sets from its own flags: how a config error names them to the user
+HARNESS_FLAGS = {"mamba_track_interval": "--intervals", "speculative_num_draft_tokens": "--block-size",
+                 "page_size": "--page-size", "tp_size": "--tp-size", "model_preset": "--model-preset",
+                 "model_path": "--model-path", "dtype": "--dtype"}
+
+
+def engine_error(message: str, candidate_args: bool) -> str:
+    """An EngineConfig error in the harness's words: the flags it came from (an engine flag of --candidate-args is
+    already spelled as one)."""
+    if candidate_args and "--" in message:
+        return f"--candidate-args: {message}"
+    for name, flag in HARNESS_FLAGS.items():
+        message = message.replace(name, flag)
+    return message
 
 
 def check_candidate_engines(cfg: RunConfig) -> None:

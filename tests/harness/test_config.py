@@ -75,10 +75,24 @@ def test_ray_address_from_environment_unless_given():
     (["--request-timeout", "soon"], "--request-timeout: expected"),
     (["--reference-nice", "20"], "--reference-nice must be in 0..19, got 20"),
     (["--reference-nice", "-1"], "--reference-nice must be in 0..19, got -1"),
+    (["--intervals", "100"], r"--intervals (100) must be a multiple of --page-size (16)"),
+    (["--model", "/nonexistent"], "--model-path /nonexistent: not 'default', 'random' or a weights directory"),
 ])
 def test_bad_flags_give_clear_errors(argv, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         parse(argv)
+
+
+@pytest.mark.parametrize("argv", [["--intervals", "100"], ["--model", "/nonexistent"]])
+def test_a_bad_value_exits_2_with_one_line_before_anything_starts(argv, capsys, monkeypatch):
+    """Caught while the settings are read: no traceback, no Ray, the harness-failed status (never the gate's 1)."""
+    import harness.ray_pools
+
+    monkeypatch.setattr(harness.ray_pools.RayPools, "connect", lambda self: pytest.fail("Ray was started"))
+    for extra in ([], ["--dry-run"]):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("specgate: error: ") and len(err.splitlines()) == 1, err
 
 
 def test_ray_address_resolution():
