@@ -16,8 +16,11 @@ there and stays within what its own pool's turns that restored nothing show; nor
 flip of a turn that restored nothing when it follows such drift. A pool that restored
 nothing and that no control shares a path with (calibrated against the plain baseline
 only, though it speculates: vLLM's speculation-only pool) has all its flags counted so:
-it did not exercise the bug class, and its path's numerics are unknown. Such rows are not
+it did not exercise the bug class, and no control measures its path. Such rows are not
 counted as drift or hard; the verdict reports them, with the evidence, as not judged.
+Numerics have a size, though: a token flip whose reference margin is beyond what the
+path's measured numerics can close (reports/numerics.py) is never path numerics, whatever
+the pool restored or shares; the caller (reports/render.py `judge`) takes those out.
 """
 
 from __future__ import annotations
