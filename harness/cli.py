@@ -8,14 +8,16 @@ run-wide ones (RunConfig), --engine, and every registered target's own.
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from harness.config import ConfigError, RunConfig
-from harness.settings import flag
-from harness.targets import all_settings, engines, run_config
+from harness.settings import declared, flag
+from harness.targets import TARGETS, all_settings, engines, run_config
 
 
 def _int(value):
@@ -110,32 +112,84 @@ def convert(name: str, value: object, source: str) -> object:
         raise ConfigError(f"{where}: {e} (got {value!r})") from None
 
 
+# --help's groups of the run-wide settings, in order (a target's own settings follow, a group per target)
+GROUPS = {
+    "workload": ("suite", "num_requests", "seed", "tokenizer", "no_restore_window"),
+    "sweep": ("intervals", "block_size", "concurrency", "request_rate", "arrival", "warmup", "duration",
+              "max_error_rate", "slo"),
+    "target": ("engine", "backend", "api_key", "request_timeout"),
+    "cluster": ("address", "replicas", "reference_replicas", "tp_size", "num_cpus", "placement", "startup_timeout",
+                "recover_timeout", "max_replica_restarts", "max_retries", "reference_concurrency", "reference_nice",
+                "sequential_pools"),
+    "gate": ("calibrate", "baseline_run", "min_coverage", "margin_threshold", "max_soft_rate", "max_hard",
+             "max_errors", "max_drift", "drift_tolerance"),
+    "output": ("runs_dir", "run_id", "resume", "trust_run_config", "dry_run", "no_progress"),
+}
+EXIT_STATUSES = ("exit status: 0 PASS; 1 FAIL (the gate failed); 2 the harness could not gate (a bad flag or "
+                 "setting, no cluster, a replica or endpoint unusable, no records); 3 INCONCLUSIVE (the run did not "
+                 "exercise what it gates: docs/reports.md); 130 interrupted (Ctrl-C) and 143 terminated (SIGTERM): "
+                 "finish with --resume RUN_DIR. Every flag: docs/harness.md.")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: an unknown flag names the closest known one."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        unknown = re.match(r"unrecognized arguments: (\S+)", message)
+        if unknown:
+            known = [o for a in self._actions for o in a.option_strings]
+            close = difflib.get_close_matches(unknown.group(1).split("=")[0], known, n=1)
+            message = f"unknown flag {unknown.group(1)}" + (f"; did you mean {close[0]}?" if close else "")
+        self.exit(2, f"specgate: error: {message} (python -m harness.run --help lists every flag)\n")
+
+
+def _help(name: str, f) -> str:
+    default = f.default
+    if isinstance(default, tuple):
+        default = ",".join(map(str, default))
+    return f.metadata["help"] + (f" (default: {default})" if default not in (None, "", False, ()) else "")
+
+
+def _add(group, name: str, f) -> None:
+    kind, help_text = f.metadata["kind"], _help(name, f)
+    if kind == "bool":
+        group.add_argument(flag(name), action="store_const", const=True, help=help_text)
+    elif kind == "strs":
+        group.add_argument(flag(name), action="append", metavar="URL", help="repeatable; " + help_text)
+    elif kind in ("ints", "floats"):
+        group.add_argument(flag(name), metavar="N,N,...", help=help_text)
+    elif choices_of(name):
+        group.add_argument(flag(name), choices=choices_of(name), help=help_text)
+    else:
+        metavar = {"cmd": "'CMD ARGS'", "args": "'--FLAG VALUE ...'"}.get(kind, kind.upper())
+        group.add_argument(flag(name), *ALIASES.get(name, ()), dest=name, metavar=metavar, help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The CLI; every option defaults to 'not given' so a config file can supply it."""
-    p = argparse.ArgumentParser(
-        prog="python -m harness.run", argument_default=argparse.SUPPRESS, allow_abbrev=False,
+    """The CLI, its flags in groups; every option defaults to 'not given' so a config file can supply it."""
+    p = Parser(
+        prog="python -m harness.run", usage="python -m harness.run [--config RUN.toml] [FLAG ...]",
+        argument_default=argparse.SUPPRESS, allow_abbrev=False, epilog=EXIT_STATUSES,
         description="Run specgate: candidate pools (DFlash + radix cache) against the cold-path reference, "
-                    "record every request, report and gate. Exit 0 pass, 1 gate failed, 2 harness error, "
-                    "3 inconclusive (the run did not exercise what it gates: docs/reports.md), 130 interrupted.")
+                    "record every request, report and gate.")
     p.add_argument("--config", metavar="RUN.toml", help="TOML file with any of the settings below "
                    "(keys are the flag names with '_'); flags given here override it")
-    for name, f in all_settings().items():
-        kind, default = f.metadata["kind"], f.default
-        if isinstance(default, tuple):
-            default = ",".join(map(str, default))
-        help_text = f.metadata["help"] + (f" (default: {default})" if default not in (None, "", False) else "")
-        if kind == "bool":
-            p.add_argument(flag(name), action="store_const", const=True, help=help_text)
-        elif kind == "strs":
-            p.add_argument(flag(name), action="append", metavar="URL", help="repeatable; " + help_text)
-        elif kind in ("ints", "floats"):
-            p.add_argument(flag(name), metavar="N,N,...", help=help_text)
-        elif choices_of(name):
-            p.add_argument(flag(name), choices=choices_of(name), help=help_text)
-        else:
-            metavar = {"cmd": "'CMD ARGS'", "args": "'--FLAG VALUE ...'"}.get(kind, kind.upper())
-            p.add_argument(flag(name), *ALIASES.get(name, ()), dest=name, metavar=metavar, help=help_text)
+    fields = all_settings()
+    for title, names in GROUPS.items():
+        group = p.add_argument_group(title)
+        for name in names:
+            _add(group, name, fields.pop(name))
+    for name in list(fields):  # a target's own settings, under the targets that have them
+        owners = [k for k, t in TARGETS.items() if name in declared(t.settings_class)]
+        group = next((g for g in p._action_groups if g.title == f"target settings: {', '.join(owners)}"), None)
+        _add(group or p.add_argument_group(f"target settings: {', '.join(owners)}"), name, fields.pop(name))
     return p
+
+
+def did_you_mean(name: str, known) -> str:
+    """`; did you mean X?` for the known name closest to `name` (empty when none is close)."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def load_toml(path: str | Path) -> dict:
@@ -153,8 +207,8 @@ def load_toml(path: str | Path) -> dict:
     known = all_settings()
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}; "
-                          f"valid keys: {', '.join(sorted(known))}")
+        raise ConfigError(f"--config {path}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)} (valid "
+                          f"keys: the flags of --help with '_', docs/harness.md)")
     return {k: convert(k, v, str(path)) for k, v in raw.items()}
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import EngineConfig
+from engine.faults import FAULTS
 from engine.server.config import to_argv
 from harness.backends import Backend, make_backend
 from harness.calibrate import calibrating
@@ -53,7 +54,7 @@ class BuiltinSettings(ManagedSettings):
     page_size: int | None = setting(None, "int", "KV page size of the replicas (engine default if unset)",
                                     resume="fixed")
     inject_fault: str | None = setting(None, "str", "a named fault (engine/faults.py) for the candidate pools; "
-                                       "the reference stays the clean oracle", resume="fixed")
+                                       f"the reference stays the clean oracle: {', '.join(FAULTS)}", resume="fixed")
     diagnose: bool = diagnose_setting()
     cover: bool = setting(False, "bool", "built-in engine: run the cover suite with the scripted drafter, so "
                           "every (verify step, commit length) boundary cell is crossed and restored per interval",

@@ -103,7 +103,7 @@ def test_ray_address_resolution():
 def test_bad_toml_keys_and_types(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text("replica = 2\n")
-    with pytest.raises(ConfigError, match="unknown key.*replica.*valid keys"):
+    with pytest.raises(ConfigError, match="unknown key 'replica'; did you mean replicas\\?"):
         parse(["--config", str(toml)])
     toml.write_text("replicas = true\n")
     with pytest.raises(ConfigError, match="key 'replicas': expected an integer"):
@@ -115,10 +115,27 @@ def test_bad_toml_keys_and_types(tmp_path):
         parse(["--config", str(tmp_path / "missing.toml")])
 
 
-def test_unknown_flag_exits_2(capsys):
+def test_unknown_flag_exits_2_with_one_line_and_the_closest_flag(capsys):
     with pytest.raises(SystemExit) as e:
         parse(["--replica", "2"])
-    assert e.value.code == 2 and "unrecognized arguments: --replica" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("specgate: error: unknown flag --replica; did you mean --replicas?")
+
+
+def test_help_groups_every_flag_and_lists_the_exit_statuses_and_faults():
+    from engine.faults import FAULTS
+    from harness.cli import GROUPS, build_parser
+    from harness.config import RunConfig
+    from harness.settings import declared
+
+    grouped = {n for names in GROUPS.values() for n in names}
+    assert set(declared(RunConfig)) | {"engine"} == grouped, "every run-wide setting has a --help group"
+    text = " ".join(build_parser().format_help().split())
+    for title in ("workload:", "sweep:", "target:", "cluster:", "gate:", "output:", "target settings: builtin:"):
+        assert title in text
+    assert all(f"{status} " in text.split("exit status:")[1] for status in ("0", "1", "2", "3", "130", "143"))
+    assert all(name in text.replace("- ", "-") for name in FAULTS)
 
 
 def test_resume_keeps_the_measurement_and_takes_runtime_settings(tmp_path):
