@@ -29,7 +29,8 @@ def verdict_header(verdict: Verdict, config: dict) -> str:
     suite = config.get("suite") or config.get("run_config", {}).get("suite", "")
     meta = (f"run {esc(config.get('run_id', ''))} &middot; suite {esc(suite)} &middot; drift = log-prob "
             f"difference &gt; {t.drift_tolerance:g} with the same tokens &middot; soft = reference top-1/top-2 "
-            f"margin &lt; {t.margin_threshold:g} at the first divergence, no drift before or at it")
+            f"margin &lt; {t.margin_threshold:g} at the first divergence, no drift before or at it, within twice "
+            "what the path's numerics move a log-prob")
     return (f'<header class="verdict {word.lower()}"><div class="word">{word}</div>'
             f'<div class="headline">{esc(verdict.headline)}</div><ul>{items}</ul>'
             f'<div class="meta">{meta}</div></header>')

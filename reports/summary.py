@@ -40,7 +40,7 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
     lines += [f"Gate: hard <= {t.max_hard}, drift <= {t.max_drift}, errors <= {t.max_errors}, soft <= "
               f"{100 * t.max_soft_rate:.1f}% of requests; drift = same tokens, log-prob drift > "
               f"{t.drift_tolerance:g}; soft = reference top-1/top-2 margin < {t.margin_threshold:g}, no drift "
-              "before or at it.", ""]
+              "before or at it, within twice what the path's numerics move a log-prob.", ""]
     if (config.get("calibration") or {}).get("text"):
         lines += [f"Calibration: {md_inline(config['calibration']['text'])}.", ""]
     if config.get("paired"):  # reports/paired.py, with --baseline-run
