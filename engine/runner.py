@@ -41,6 +41,12 @@ def resolve_model(cfg: EngineConfig) -> tuple[HybridConfig, dict, dict | None]:
     return mcfg, load_state(d), drafter
 
 
+def _host(logits: torch.Tensor) -> torch.Tensor:
+    """Logits on the host, where the scheduler samples, accepts and scores them with the requests' CPU generators
+    (on CPU the same tensor, no copy)."""
+    return logits.cpu()
+
+
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, num_pages: int, num_state_slots: int, tp: TPContext = SINGLE):
         torch.manual_seed(cfg.seed)
@@ -127,8 +133,8 @@ class ModelRunner:
         if aux is not None:
             self._write_draft_ctx(aux, fb)
         if start <= logits_from < start + len(tokens):
-            return self.model.logits(hidden[0, logits_from - start:])
-        return self.model.logits(hidden[:, -1])[0]
+            return _host(self.model.logits(hidden[0, logits_from - start:]))
+        return _host(self.model.logits(hidden[:, -1])[0])
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], starts: list[int], pages: list[list[int]], slots: list[int]) -> torch.Tensor:
@@ -137,7 +143,7 @@ class ModelRunner:
         hidden, aux = self.model(torch.tensor(tokens, device=self.device)[:, None], fb, self.caches)
         if aux is not None:
             self._write_draft_ctx(aux, fb)
-        return self.model.logits(hidden[:, 0])
+        return _host(self.model.logits(hidden[:, 0]))
 
     @torch.inference_mode()
     def verify(self, blocks: list[list[int]], starts: list[int], pages: list[list[int]], slots: list[int]):
@@ -149,7 +155,7 @@ class ModelRunner:
         fb = self._fb(starts, T, pages, slots, verify=True)
         hidden, aux = self.model(torch.tensor(blocks, device=self.device), fb, self.caches)
         self._last_verify = (fb, aux)
-        return self.model.logits(hidden)
+        return _host(self.model.logits(hidden))
 
     @torch.inference_mode()
     def draft(self, anchors: list[int], starts: list[int], pages: list[list[int]], block_size: int,
@@ -164,11 +170,12 @@ class ModelRunner:
         for b, (p, s) in enumerate(zip(pages, starts, strict=True)):
             read[b, :s] = self.kv.slots(p, 0, s)
         # index_select (gather_kv): the same rows as pool[read], without advanced indexing's per-call work
+        read = read.to(self.device)
         ctx = [(gather_kv(self.draft_kv.k[i], read), gather_kv(self.draft_kv.v[i], read))
                for i in range(len(self.drafter.layers))]
         hidden = self.drafter(self.model.embed, ids.to(self.device), positions.to(self.device), ctx,
-                              torch.tensor(starts))
-        return self.model.logits(hidden)
+                              torch.tensor(starts, device=self.device))
+        return _host(self.model.logits(hidden))
 
     def _write_draft_ctx(self, aux: torch.Tensor, fb: ForwardBatch, keep: torch.Tensor | None = None) -> None:
         """Cache the drafter's context K/V for these positions (keep [B, T] bool: committed ones only)."""

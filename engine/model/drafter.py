@@ -48,8 +48,9 @@ class DrafterLayer(nn.Module):
         kb, vb = self.kv(hq, positions)
         K, V = torch.cat([ctx_k, kb], 1), torch.cat([ctx_v, vb], 1)  # [B, Lc + T, Hkv, D]
         Lc = ctx_k.shape[1]
-        ctx_ok = torch.arange(Lc)[None, :] < ctx_lens[:, None]  # [B, Lc]
-        mask = torch.cat([ctx_ok, torch.ones(B, T, dtype=torch.bool)], 1)[:, None, None, :]  # block: non-causal
+        ctx_ok = torch.arange(Lc, device=x.device)[None, :] < ctx_lens[:, None]  # [B, Lc]
+        block = torch.ones(B, T, dtype=torch.bool, device=x.device)  # the block attends non-causally
+        mask = torch.cat([ctx_ok, block], 1)[:, None, None, :]
         out = F.scaled_dot_product_attention(q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2),
                                              attn_mask=mask, enable_gqa=self.h != self.hkv)
         x = x + self.o_proj(out.transpose(1, 2).reshape(B, T, self.h * self.d))

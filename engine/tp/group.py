@@ -4,11 +4,16 @@ Sharding scheme (Megatron style): column-parallel projections split output
 features by head, row-parallel projections split input features and all-reduce
 their partial sums. The embedding / LM head and all norms are replicated.
 
+Two communicators per group, as SGLang and vLLM keep them: a gloo group on CPU
+for control (the authentication, each call rank 0 broadcasts) and, for the
+model's all-reduces, the same gloo group on CPU or a NCCL group on CUDA.
+
 The group is not open to the network: its rendezvous store and its gloo
 connections listen on the address given (127.0.0.1 on one node), every rank
 proves it holds the replica's shared secret before the group is used (a mutual
-HMAC challenge over fresh nonces from every rank), and ranks exchange only
-tensors and JSON, never pickles, so a peer can never make another run code.
+HMAC challenge over fresh nonces from every rank; the NCCL group is formed only
+after it), and ranks exchange only tensors and JSON, never pickles, so a peer can
+never make another run code.
 """
 
 from __future__ import annotations
@@ -47,17 +52,28 @@ def _listening_socket(addr: str, port: int) -> int:
     return s.detach()  # owned by the store from now on
 
 
-class Group:
-    """One replica's communicator: a gloo process group of its own (no global default group).
+def rank_device(device: str, rank: int) -> str:
+    """The torch device of tensor-parallel rank `rank` of a replica served on `device`: each rank on a GPU of its
+    own. `cuda` names the rank's own GPU: a rank that sees one GPU (a Ray rank actor, given its GPU in
+    CUDA_VISIBLE_DEVICES) takes it, one that sees several (`engine.serve --tp-size N` on one machine) takes the
+    rank-th. Any other device (`cpu`, an explicit `cuda:1`) is kept."""
+    if device != "cuda":
+        return device
+    return f"cuda:{rank % max(torch.cuda.device_count(), 1)}"
 
-    Owning the group (instead of torch.distributed's process-wide default) lets one
-    process hold several replicas, as tests do. On CUDA a NCCL group would take its place.
-    `addr:port` is rank 0's rendezvous; `bind` is the address this rank's gloo connections
-    listen on (default `addr`: every rank on one node).
+
+class Group:
+    """One replica's communicators: process groups of its own (no global default group).
+
+    Owning the groups (instead of torch.distributed's process-wide default) lets one
+    process hold several replicas, as tests do. `addr:port` is rank 0's rendezvous;
+    `bind` is the address this rank's gloo connections listen on (default `addr`: every
+    rank on one node); `device` is where this rank's tensors live (rank_device): on CUDA
+    the all-reduces go through NCCL, on CPU through the gloo group.
     """
 
     def __init__(self, rank: int, size: int, addr: str, port: int, timeout_s: float, secret: bytes,
-                 bind: str | None = None):
+                 bind: str | None = None, device: str = "cpu"):
         if not secret:
             raise GroupAuthError("a tensor-parallel group needs a shared secret")
         timeout = timedelta(seconds=timeout_s)
@@ -70,6 +86,8 @@ class Group:
         self.pg = dist.ProcessGroupGloo(self.store, rank, size, opts)
         self.rank, self.size = rank, size
         self._authenticate(secret)
+        self.device_pg = self.pg if not device.startswith("cuda") else _nccl_group(self.store, rank, size, timeout,
+                                                                                    device)
 
     def _all_gather_bytes(self, data: bytes) -> list[bytes]:
         mine = torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -87,7 +105,8 @@ class Group:
                                      "refusing to work with it")
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        self.pg.allreduce([x]).wait()
+        """Sum `x` over the ranks in place (gloo on CPU, NCCL on CUDA)."""
+        self.device_pg.allreduce([x]).wait()
         return x
 
     def broadcast_json(self, obj=None):
@@ -102,6 +121,16 @@ class Group:
             data = torch.empty(int(n), dtype=torch.uint8)
         self.pg.broadcast(data, 0).wait()
         return obj if self.rank == 0 else json.loads(data.numpy().tobytes())
+
+
+def _nccl_group(store, rank: int, size: int, timeout: timedelta, device: str):
+    """A NCCL group over the authenticated group's store (its own key prefix), on this rank's GPU."""
+    if not dist.is_nccl_available():
+        raise RuntimeError(f"tensor parallelism on {device} needs NCCL, which this torch build lacks")
+    torch.cuda.set_device(device)
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(dist.PrefixStore("nccl", store), rank, size, opts)
 
 
 @dataclass(frozen=True)

@@ -13,17 +13,19 @@ on rank 0 only.
 One rank-worker implementation serves both launchers: `python -m engine.serve
 --tp-size N` starts ranks 1..N-1 with torch.multiprocessing (engine/tp/local.py);
 the harness starts them as Ray actors in the replica's placement group (harness/replica.py).
+Each rank computes on a device of its own (`group.rank_device`): on CUDA its own GPU.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
 from engine.config import EngineConfig
 from engine.runner import ModelRunner
-from engine.tp.group import Group, TPContext
+from engine.tp.group import Group, TPContext, rank_device
 
 MIRRORED = ("extend", "decode", "verify", "commit_verify", "copy_state", "zero_states")
 STOP = "stop"
@@ -51,9 +53,11 @@ def decode_call(msg) -> tuple[str, list, dict]:
 
 
 def build_runner(cfg: EngineConfig, group: Group) -> ModelRunner:
+    """This rank's runner over its shard, on its own device."""
     from engine.engine import pool_pages, pool_slots
 
     torch.set_num_threads(1)  # ranks share the node's cores
+    cfg = replace(cfg, device=rank_device(cfg.device, group.rank))
     return ModelRunner(cfg, pool_pages(cfg), pool_slots(cfg), TPContext(group.size, group.rank, group))
 
 
@@ -62,7 +66,7 @@ class RankWorker:
 
     def __init__(self, cfg: EngineConfig, rank: int, size: int, addr: str, port: int, secret: bytes,
                  bind: str | None = None):
-        self.group = Group(rank, size, addr, port, DEFAULT_TIMEOUT_S, secret, bind)
+        self.group = Group(rank, size, addr, port, DEFAULT_TIMEOUT_S, secret, bind, rank_device(cfg.device, rank))
         self.runner = build_runner(cfg, self.group)
 
     def serve_forever(self) -> None:
@@ -77,7 +81,7 @@ class TPRunner:
     """Rank 0's runner: broadcasts each state-changing call, then runs it on its own shard."""
 
     def __init__(self, cfg: EngineConfig, size: int, addr: str, port: int, secret: bytes, alive=None):
-        self.group = Group(0, size, addr, port, DEFAULT_TIMEOUT_S, secret)
+        self.group = Group(0, size, addr, port, DEFAULT_TIMEOUT_S, secret, device=rank_device(cfg.device, 0))
         self.local = build_runner(cfg, self.group)
         self.size = size
         self.alive = alive  # optional callable -> list of dead rank descriptions

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from engine.tp.group import Group, GroupAuthError, rank_mac
+from engine.tp.group import Group, GroupAuthError, rank_device, rank_mac
 from engine.tp.local import free_port
 from engine.tp.ranks import MIRRORED, decode_call, encode_call
 from tests.netaddr import outside_address
@@ -105,3 +105,21 @@ def test_rank_mac_depends_on_secret_rank_and_nonces():
     assert base != rank_mac(b"K", 1, b"n" * 64)
     assert base != rank_mac(b"k", 0, b"n" * 64)
     assert base != rank_mac(b"k", 1, b"m" * 64)
+
+
+@pytest.mark.parametrize(("device", "rank", "visible", "expected"), [
+    ("cpu", 1, 0, "cpu"),  # CPU ranks share the host
+    ("cuda", 1, 1, "cuda:0"),  # a Ray rank actor sees only its own GPU
+    ("cuda", 0, 1, "cuda:0"),
+    ("cuda", 3, 4, "cuda:3"),  # `engine.serve --tp-size 4` on one machine: the rank-th visible GPU
+    ("cuda:1", 2, 4, "cuda:1"),  # an explicit device is kept
+])
+def test_each_rank_computes_on_a_device_of_its_own(monkeypatch, device, rank, visible, expected):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    assert rank_device(device, rank) == expected
+
+
+def test_a_cpu_group_all_reduces_through_its_gloo_group():
+    """On CPU the model's all-reduces and the control messages share one gloo group (what TP on CPU always did)."""
+    groups, _ = _pair((b"k", b"k"))
+    assert all(g.device_pg is g.pg for g in groups.values())
