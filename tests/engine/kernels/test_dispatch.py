@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import engine.kernels as kernels
 from engine.kernels import conv_triton, gdn_triton
+from tests.engine.kernels.device import DEVICE, on_device
 
 # the Triton scatter module (the dispatch function is kernels.commit_verified_states)
 scatter_triton = sys.modules["engine.kernels.state_scatter_triton"]
@@ -81,7 +82,7 @@ def test_forced_references_never_call_triton(monkeypatch):
 
 
 def test_dispatch_arguments_reach_the_real_kernels(monkeypatch):
-    """With the device check pretended true, the dispatch drives the interpreted kernels correctly."""
+    """With the device check pretended true, the dispatch drives the kernels (interpreted without a GPU) correctly."""
     gen = torch.Generator().manual_seed(0)
     B, T, H, D, C, K = 2, 3, 2, 4, 6, 4
     q = F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1)
@@ -93,16 +94,19 @@ def test_dispatch_arguments_reach_the_real_kernels(monkeypatch):
     slots = torch.tensor([3, 1])
     rec = torch.randn(1, 5, H, D, D, generator=gen)
     conv = torch.randn(1, 5, C, K - 1, generator=gen)
+    q, k, v, x, g, beta, weight, slots, rec, conv = on_device(q, k, v, x, g, beta, weight, slots, rec, conv)
 
     def run():
         rec_pool, conv_pool = rec.clone(), conv.clone()
-        rec_inter, conv_inter = torch.empty(1, B, T, H, D, D), torch.empty(1, B, T, C, K - 1)
+        rec_inter = torch.empty(1, B, T, H, D, D, device=DEVICE)
+        conv_inter = torch.empty(1, B, T, C, K - 1, device=DEVICE)
         o = kernels.gdn_pool_forward(q, k, v, g, beta, rec_pool[0], slots, 0.5, rec_inter[0])
         y = kernels.conv_pool_forward(x, conv_pool[0], slots, weight, conv_inter[0])
         o_dec = kernels.gdn_pool_forward(q, k, v, g, beta, rec_pool[0], slots, 0.5)
         y_dec = kernels.conv_pool_forward(x, conv_pool[0], slots, weight)
         return o, y, o_dec, y_dec, rec_pool, conv_pool, rec_inter, conv_inter
 
+    monkeypatch.setattr(kernels, "use_triton", lambda t: False)  # on a GPU too: the torch references
     reference = run()
     monkeypatch.setattr(kernels, "use_triton", lambda t: True)
     triton_out = run()

@@ -1,4 +1,5 @@
-"""Triton kernels vs their torch references, in Triton's interpreter on CPU tensors (tiny shapes).
+"""Triton kernels vs their torch references: compiled on a GPU, else in Triton's interpreter on CPU tensors
+(tiny shapes).
 
 The dispatch only picks Triton for CUDA tensors, so these call the kernels directly.
 Shapes are chosen so every masked tail is hit: Dk and Dv not powers of two, Dv and C
@@ -14,10 +15,11 @@ from engine.kernels.conv_naive import causal_conv1d_verify
 from engine.kernels.gdn_naive import gdn_verify
 from engine.kernels.state_scatter_naive import state_scatter_naive
 from engine.kernels.state_scatter_triton import state_scatter_triton
+from tests.engine.kernels.device import DEVICE, on_device
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 POOL_SIZE = 9
-SLOTS = torch.tensor([7, 0, 2, 5, 4, 1])[::2]  # [3] non-contiguous, unordered: slots 7, 2, 4
+SLOTS = torch.tensor([7, 0, 2, 5, 4, 1], device=DEVICE)[::2]  # [3] non-contiguous, unordered: slots 7, 2, 4
 
 
 def _gdn_inputs(B, T, HQ, H, Dk, Dv, dtype, seed):
@@ -28,7 +30,7 @@ def _gdn_inputs(B, T, HQ, H, Dk, Dv, dtype, seed):
     g = -F.softplus(torch.randn(B, T, H, generator=gen)) * 0.5
     beta = torch.sigmoid(torch.randn(B, T, H, generator=gen))
     pool = torch.randn(POOL_SIZE, H, Dk, Dv, generator=gen) * 0.1  # fp32 states
-    return [x.to(dtype) for x in (q, k, v, g, beta)], pool
+    return on_device(*(x.to(dtype) for x in (q, k, v, g, beta))), pool.to(DEVICE)
 
 
 def _gdn_reference(q, k, v, g, beta, state, scale):
@@ -52,7 +54,7 @@ def test_gdn_verify_mode_writes_every_step_and_leaves_pool_untouched(shape, dtyp
     B, T, HQ, H, Dk, Dv, block_v = shape
     (q, k, v, g, beta), pool = _gdn_inputs(B, T, HQ, H, Dk, Dv, dtype, seed=T)
     pool_before = pool.clone()
-    inter = torch.full((B, T, H, Dk, Dv), float("nan"))
+    inter = torch.full((B, T, H, Dk, Dv), float("nan"), device=DEVICE)
     o = gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, pool, SLOTS, Dk**-0.5, inter, block_v=block_v)
     o_ref, states_ref = _gdn_reference(q, k, v, g, beta, pool_before[SLOTS], Dk**-0.5)
     assert o.dtype == dtype and o.shape == (B, T, H, Dv)
@@ -79,7 +81,7 @@ def test_gdn_decode_mode_advances_only_its_slots(shape, dtype):
 def test_gdn_decode_steps_chain_like_one_verify_block():
     """T decode calls of one token end where a T-token call ends, and pass through its intermediates."""
     (q, k, v, g, beta), pool = _gdn_inputs(3, 4, 2, 2, 8, 8, torch.float32, seed=3)
-    inter = torch.empty(3, 4, 2, 8, 8)
+    inter = torch.empty(3, 4, 2, 8, 8, device=DEVICE)
     o_block = gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, pool, SLOTS, 0.5, inter)
     for t in range(4):
         o_t = gdn_triton.fused_recurrent_gdn(q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1],
@@ -95,8 +97,8 @@ def test_gdn_extend_checkpoints_a_step_from_registers(pool_dtype):
     (q, k, v, g, beta), pool = _gdn_inputs(B, T, 2, 2, 12, 10, torch.float32, seed=7)
     pool = pool.to(pool_dtype)
     plain = pool.clone()
-    track_slots = torch.tensor([8, 3, 6])
-    track_steps = torch.tensor([2, -1, 5])  # request 1 does not checkpoint; request 2 at its last step
+    track_slots = torch.tensor([8, 3, 6], device=DEVICE)
+    track_steps = torch.tensor([2, -1, 5], device=DEVICE)  # request 1 does not checkpoint; request 2 at its last step
     o = gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, pool, SLOTS, 0.4, track_slots=track_slots,
                                        track_steps=track_steps, block_v=4)
     o_plain = gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, plain, SLOTS, 0.4, block_v=4)
@@ -126,7 +128,7 @@ def _conv_inputs(B, T, C, K, dtype, seed):
     weight = (torch.randn(C, K, generator=gen) * 0.3).to(dtype)  # |y| < 2, where a bf16 ulp is 2**-7
     # windows hold raw inputs, so in a bf16 model they are bf16 values kept in fp32
     pool = (torch.randn(POOL_SIZE, C, K - 1, generator=gen) * 0.5).to(dtype).float()
-    return x, weight, pool
+    return on_device(x, weight, pool)
 
 
 # (B, T, C, K, block_c): T = 1, 2 < K - 1 (the new window is partly the old one), T > K; C tails
@@ -139,7 +141,7 @@ def test_conv_verify_mode_writes_every_window_and_leaves_pool_untouched(shape, d
     B, T, C, K, block_c = shape
     x, weight, pool = _conv_inputs(B, T, C, K, dtype, seed=T)
     pool_before = pool.clone()
-    inter = torch.full((B, T, C, K - 1), float("nan"))
+    inter = torch.full((B, T, C, K - 1), float("nan"), device=DEVICE)
     y = conv_triton.causal_conv1d_pool(x, pool, SLOTS, weight, inter, block_c=block_c)
     y_ref, windows_ref = causal_conv1d_verify(x, pool_before[SLOTS], weight)
     assert y.dtype == dtype and y.shape == (B, T, C)
@@ -173,7 +175,7 @@ def _scatter_case(index_dtype, seed):
     commit_steps = torch.tensor([3, 0, 1], dtype=index_dtype)
     track_slots = torch.tensor([8, 9, 3, 9, 6, 9], dtype=index_dtype)[::2]
     track_steps = torch.tensor([2, -1, 0], dtype=index_dtype)  # request 1 tracks nothing
-    return rec_pool, conv_pool, rec_inter, conv_inter, working, commit_steps, track_slots, track_steps
+    return on_device(rec_pool, conv_pool, rec_inter, conv_inter, working, commit_steps, track_slots, track_steps)
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
@@ -200,7 +202,7 @@ def test_state_scatter_all_skips_only_commits():
         torch.int64, seed=2)
     before = rec_pool.clone()
     state_scatter_triton(rec_pool, conv_pool, rec_inter, conv_inter, working, commit_steps, track_slots,
-                         torch.full((3,), -1))
+                         torch.full((3,), -1, device=DEVICE))
     assert torch.equal(rec_pool[:, [8, 3, 6]], before[:, [8, 3, 6]])
     assert torch.equal(rec_pool[:, 2], rec_inter[:, 1, 0])
 
@@ -218,6 +220,19 @@ def test_kernels_run_in_the_interpreter_here():
         assert isinstance(kernel, InterpretedFunction)
 
 
+def test_kernels_are_compiled_on_a_gpu():
+    """With a CUDA device the kernels are built for it, never for the interpreter."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the kernels are interpreted (test_kernels_run_in_the_interpreter_here)")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from engine.kernels.state_scatter_triton import _state_scatter_kernel
+
+    assert not triton_jit.INTERPRET
+    for kernel in (gdn_triton._gdn_recurrent_kernel, conv_triton._conv_window_kernel, _state_scatter_kernel):
+        assert not isinstance(kernel, InterpretedFunction)
+
+
 def test_package_keeps_its_dispatch_function():
     """Loading the Triton scatter module must not shadow the dispatch function other code calls."""
     import engine.kernels
@@ -229,8 +244,8 @@ def test_gdn_and_scatter_accept_step_major_intermediates():
     """The runner's verify buffers are step-major views: the kernels address them by strides."""
     B, T, HQ, H, Dk, Dv, block_v = GDN_SHAPES[0]
     (q, k, v, g, beta), pool = _gdn_inputs(B, T, HQ, H, Dk, Dv, torch.float32, seed=11)
-    dense = torch.full((B, T, H, Dk, Dv), float("nan"))
-    step_major = torch.full((T, B, H, Dk, Dv), float("nan")).transpose(0, 1)
+    dense = torch.full((B, T, H, Dk, Dv), float("nan"), device=DEVICE)
+    step_major = torch.full((T, B, H, Dk, Dv), float("nan"), device=DEVICE).transpose(0, 1)
     outs = [gdn_triton.fused_recurrent_gdn(q, k, v, g, beta, pool, SLOTS, Dk**-0.5, inter, block_v=block_v)
             for inter in (dense, step_major)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(dense, step_major)
