@@ -1,13 +1,17 @@
-"""The gate end to end on a real third-party engine: vLLM's CPU build under Ray, a tiny Llama built here.
+"""The gate end to end on a real third-party engine: vLLM's CPU build under Ray, tiny models built here.
 
 Runs when `.venv-vllm` exists (`make vllm`); CI builds it first and sets
 SPECGATE_REQUIRE_VLLM=1, so there a missing vLLM fails this test instead of skipping it.
-The model is built, not downloaded (`python -m harness.models build --arch llama`). The
-workload: the first frozen sessions at concurrency 1 and 4, with n-gram speculation and prefix
-caching on the candidate and a calibration baseline. Llama in fp32 matches transformers to ~1e-5
-in log-prob (shared/reference/vllm-cpu.md), so the candidate's first turns must equal
-transformers' own greedy continuation of the same ids (`hf_build.py continue`): an oracle
-independent of vLLM.
+The models are built, not downloaded (`python -m harness.models build --arch llama|mamba2`).
+
+* Llama: the first frozen sessions at concurrency 1 and 4, with n-gram speculation and prefix
+  caching on the candidate and a calibration baseline: PASS. Llama in fp32 matches transformers
+  to ~1e-5 in log-prob (shared/reference/vllm-cpu.md), so the candidate's first turns must equal
+  transformers' own greedy continuation of the same ids (`hf_build.py continue`): an oracle
+  independent of vLLM.
+* Mamba2: n-gram speculation without a prefix cache changes tokens on the CPU build (each request
+  flips at its first verify step, at margins no measured numerics close): FAIL, every request hard,
+  the diagnosis naming speculation, though the pool restored nothing and no control shares its path.
 """
 
 import json
@@ -16,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from protocol.hf_tokenizer import load_tokenizer
@@ -47,11 +52,15 @@ def _transformers_continuations(vllm_python: str, model: Path, sessions, tmp_pat
     return {tuple(c["input_ids"]): c for c in json.loads(proc.stdout.strip().splitlines()[-1])}
 
 
-def test_vllm_llama_with_ngram_speculation_and_prefix_caching_passes(vllm_python, tmp_path):
-    model = tmp_path / "llama"
-    build = subprocess.run([sys.executable, "-m", "harness.models", "build", str(model), "--arch", "llama",
+def _build(vllm_python: str, model: Path, arch: str) -> None:
+    build = subprocess.run([sys.executable, "-m", "harness.models", "build", str(model), "--arch", arch,
                             "--vllm-python", vllm_python], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
+
+
+def test_vllm_llama_with_ngram_speculation_and_prefix_caching_passes(vllm_python, tmp_path):
+    model = tmp_path / "llama"
+    _build(vllm_python, model, "llama")
     card = json.loads((model / "specgate_model.json").read_text())
     assert card["vllm_args"] == ["--dtype", "float32"] and card["architectures"] == ["LlamaForCausalLM"]
     frozen = load_suite("frozen", tokenizer=load_tokenizer(str(model)))[:6]  # the model's own tokens
@@ -90,3 +99,34 @@ def test_vllm_llama_with_ngram_speculation_and_prefix_caching_passes(vllm_python
     assert all("window_start" not in r for r in records)
     assert ("judged on their outputs alone: the OpenAI protocol cannot score a prompt without changing what the "
             "server caches") in (run_dir / "summary.md").read_text()
+
+
+def test_vllm_mamba2_ngram_speculation_that_changes_tokens_fails(vllm_python, tmp_path):
+    """Speculation alone (`--no-enable-prefix-caching`): the pool restores nothing and only the baseline calibrates
+    it, so no control shares its path; its flips are still no numerics (the baseline drifts by ~0, the prefill's
+    token agrees), so the gate FAILs with every request hard and names speculation."""
+    model = tmp_path / "mamba2"
+    _build(vllm_python, model, "mamba2")
+    frozen = load_suite("frozen", tokenizer=load_tokenizer(str(model)))[:4]
+    suite = tmp_path / "suite.jsonl"
+    suite.write_text(dumps_jsonl(frozen))
+    cmd = [sys.executable, "-m", "harness.run", "--engine", "vllm", "--model", str(model), "--vllm-python",
+           vllm_python, "--candidate-args", f"--no-enable-prefix-caching --speculative-config '{SPEC}'",
+           "--suite", str(suite), "--concurrency", "4", "--runs-dir", str(tmp_path / "runs"), "--run-id", "ci",
+           "--no-progress", "--startup-timeout", "900"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1700)
+    print(proc.stdout[-4000:], proc.stderr[-4000:])
+    assert proc.returncode == 1
+    run_dir = tmp_path / "runs" / "ci"
+    config = json.loads((run_dir / "config.json").read_text())
+    engine = config["pools"]["vllm"]["engine"]
+    assert engine["speculative"] and not engine["radix_cache"]
+    assert config["calibration"]["per_pool"]["vllm"]["controls"] == ["baseline"]  # no control shares its path
+    requests = pd.read_csv(run_dir / "requests.csv")
+    gated = requests[requests["pool"] == "vllm"]
+    assert len(gated) == 4 * 2 and (gated["class"] == "hard").all() and not gated["restored"].any()
+    summary = (run_dir / "summary.md").read_text()
+    assert f"FAIL: {len(gated)} hard mismatches" in proc.stdout
+    assert "that no measured numerics explain" in summary and "path numerics (not judged)" not in summary
+    assert ("**Diagnosis:** The evidence points at speculative verify / accept: every flagged request ran with "
+            "speculation and no prefix cache") in summary
