@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from harness.sweep import Point, PointCounts
 from harness.progress import Progress, StartupProgress, wait_all
+from harness.sweep import Point, PointCounts
 
 
 class GetTimeoutError(Exception):
