@@ -43,10 +43,17 @@ vllm: $(VLLM_STAMP)
 # is installed in parts: the CPU torch; the stand-ins for the two modules its CPU path imports but cannot
 # have here (before the dependencies, so that pip counts timm's torchvision as met); its runtime
 # dependencies by name, read from the wheel's Requires-Dist minus the GPU-only ones, with torch held at
-# the CPU wheel; the wheel with --no-deps; a check that the server module imports. The stamp holds the
-# version. Another version beside it: `make sglang SGLANG_VERSION=0.5.19 SGLANG_VENV=.venv-sglang-0.5.19`.
+# the CPU wheel; the wheel with --no-deps; a check that the server module imports; a check that the
+# release's hybrid patch set (tests/sglang_setup/hybrid/patches/VERSION: what lets it serve a Qwen3-Next with
+# DFLASH + extra_buffer on CPU, applied at run time by tests/sglang_setup/hybrid/serve.py) applies to the
+# installed files, refusing with the release, diff and hunk that do not. The stamp holds the version.
+# Another release beside it: `make sglang SGLANG_VERSION=0.5.19 SGLANG_VENV=.venv-sglang-0.5.19`; with
+# SGLANG_BASE=.venv-sglang it sees that venv's packages and installs only what this release pins differently
+# (about a minute instead of ten; it then needs SGLANG_BASE to stay).
+SGLANG_BASE ?=
 $(SGLANG_STAMP):
 	test -x $(SGLANG_VENV)/bin/python || $(PY) -m venv $(SGLANG_VENV)
+	$(if $(SGLANG_BASE),$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py layer $(SGLANG_BASE))
 	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
 	$(SGLANG_VENV)/bin/pip install -q torch==2.13.0
 	rm -rf $(SGLANG_VENV)/wheel
@@ -58,12 +65,14 @@ $(SGLANG_STAMP):
 	$(SGLANG_VENV)/bin/pip install -q --no-deps $(SGLANG_VENV)/wheel/sglang-*.whl
 	rm -rf $(SGLANG_VENV)/wheel
 	$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py check $(SGLANG_VERSION)
+	$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py patches $(SGLANG_VERSION)
 	echo $(SGLANG_VERSION) > $(SGLANG_STAMP)
 
 sglang: $(SGLANG_STAMP)
 	@test "$$(cat $(SGLANG_STAMP))" = "$(SGLANG_VERSION)" || { echo "$(SGLANG_VENV) holds SGLang \
 	$$(cat $(SGLANG_STAMP)), not $(SGLANG_VERSION): rm -rf $(SGLANG_VENV), or build it elsewhere with \
 	SGLANG_VENV=.venv-sglang-$(SGLANG_VERSION)" >&2; exit 1; }
+	@$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py patches $(SGLANG_VERSION)
 
 run: $(STAMP)
 	$(BIN)/python -m harness.run $(ARGS)

@@ -7,13 +7,20 @@ constraints.txt, then the wheel itself with `--no-deps`.
 
     python tests/sglang_setup/venv.py requirements WHEEL   # prints the CPU requirement list
     python tests/sglang_setup/venv.py standins             # installs the stand-ins into this interpreter
+    python tests/sglang_setup/venv.py layer BASE_VENV      # see the packages of another SGLang venv (below)
     python tests/sglang_setup/venv.py check VERSION        # what `make sglang` promises, or exit 1
+    python tests/sglang_setup/venv.py patches VERSION      # the release's hybrid patch set applies, or exit 1
+
+`layer` makes a second release's venv cheap: a .pth file puts BASE_VENV's site-packages after this venv's own,
+so pip counts what BASE has as installed and fetches only what this release pins differently (installed here,
+ahead of BASE's copy; pip leaves BASE alone, "outside environment"). The layered venv needs BASE to stay.
 """
 
 from __future__ import annotations
 
 import email.parser
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -25,6 +32,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 STANDINS = HERE / "standins"
+PYPATH = HERE / "hybrid" / "pypath"  # patchset.py: the hybrid patch sets, standard library only
+LAYER_PTH = "specgate-layer.pth"
 # What a CPU SGLang does without: CUDA libraries, GPU kernels (and their compilers), the CUDA torch it pins,
 # and torch's CUDA-linked companions; torchvision is a stand-in (standins/torchvision).
 GPU_ONLY = {
@@ -120,6 +129,48 @@ def check(version: str) -> list[str]:
     return problems
 
 
+def layer(base: Path, site: Path) -> str:
+    """Put `base`'s site-packages after `site` (a .pth line); the path written, or why not."""
+    base_site = next(iter(sorted((base / "lib").glob("python*/site-packages"))), None)
+    if base_site is None or not (base / ".installed").is_file():
+        return f"no finished SGLang venv at {base} (its .installed stamp): nothing layered"
+    if base_site.parent.name != site.parent.name:
+        return f"{base} is {base_site.parent.name}, this venv {site.parent.name}: nothing layered"
+    (site / LAYER_PTH).write_text(f"{base_site.resolve()}\n")
+    return f"layered on {base_site.resolve()}"
+
+
+def _patchset():
+    """tests/sglang_setup/hybrid/pypath/patchset.py, loaded by path (that directory also holds what SGLang's own
+    processes import first, so it is not put on sys.path here)."""
+    if "patchset" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("patchset", PYPATH / "patchset.py")
+        sys.modules["patchset"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["patchset"])
+    return sys.modules["patchset"]
+
+
+def report_patches(version: str, site: Path) -> int:
+    """Check that the release's hybrid patch set, and each fix it carries, applies to the installed files; 1 with
+    every hunk that does not (the release, the diff, the file, the hunk)."""
+    patchset = _patchset()
+    have = patchset.releases()
+    if version not in have:
+        print(f"make sglang: SGLang {version}: no hybrid patch set (have {', '.join(have)}): the plain CPU venv only")
+        return 0
+    problems = patchset.check(version, site)
+    for p in problems:
+        print(f"make sglang: {p}", file=sys.stderr)
+    if problems:
+        print(f"make sglang: SGLang {version}'s hybrid patch set (tests/sglang_setup/hybrid/patches/{version}) does "
+              "not apply: fix the diff, or build without it (the plain CPU venv is in place)", file=sys.stderr)
+        return 1
+    fixes = patchset.fixes(version)
+    print(f"make sglang: SGLang {version}: the hybrid patch set applies" + (f", and on top of it the fixes "
+          f"{', '.join(fixes)}" if fixes else ""))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     """The command line (see the module doc)."""
     if argv[:1] == ["requirements"] and len(argv) == 2:
@@ -130,6 +181,11 @@ def main(argv: list[str]) -> int:
         for package in sorted(p for p in STANDINS.iterdir() if (p / "_standin.py").is_file()):
             install_standin(package, site)
         return 0
+    if argv[:1] == ["layer"] and len(argv) == 2:
+        print(f"make sglang: {layer(Path(argv[1]).resolve(), Path(sysconfig.get_paths()['purelib']))}")
+        return 0
+    if argv[:1] == ["patches"] and len(argv) == 2:
+        return report_patches(argv[1], Path(sysconfig.get_paths()["purelib"]))
     if argv[:1] == ["check"] and len(argv) == 2:
         problems = check(argv[1])
         for p in problems:

@@ -1,9 +1,9 @@
-"""Installs the hybrid patches (hybrid_patches.py) in every Python process started with this directory on
+"""Installs the hybrid patch set (hybrid_hook.py) in every Python process started with this directory on
 PYTHONPATH and SPECGATE_HYBRID_PATCH=1: SGLang's scheduler and detokenizer are spawned children. Test setup only."""
 
 import os
 
 if os.environ.get("SPECGATE_HYBRID_PATCH") == "1":
-    import hybrid_patches
+    import hybrid_hook
 
-    hybrid_patches.install()
+    hybrid_hook.install()
