@@ -17,7 +17,8 @@ from typing import ClassVar
 
 from harness.backends import BACKENDS
 from harness.errors import ConfigError
-from harness.settings import Need, check_choices, declared, flag, setting
+from harness.placement import DEVICES
+from harness.settings import Need, check_choices, declared, default_of, flag, setting
 from reports.gate import EXTERNAL_DRIFT_TOLERANCE, GateThresholds
 from reports.latency import parse_slo
 
@@ -116,10 +117,18 @@ class RunConfig:
                               "goodput per sweep point")
     replicas: int = setting(1, "int", "replicas per candidate pool")
     reference_replicas: int = setting(1, "int", "replicas of the reference (cold-path) pool")
-    tp_size: int = setting(1, "int", "tensor-parallel ranks per replica", resume="fixed")
+    tp_size: int = setting(1, "int", "tensor-parallel ranks per replica (each on a GPU of its own on --device "
+                           "cuda)", resume="fixed")
+    device: str = setting("auto", "str", "where every pool's replicas compute: cuda (their own GPUs, reserved "
+                          "through their placement groups), cpu, or auto (cuda on a Ray cluster with GPUs, else cpu)",
+                          resume="fixed", choices=DEVICES)
+    gpus_per_rank: float | None = setting(None, "float", "GPUs each tensor-parallel rank reserves (default: 1 on "
+                                          "GPUs, 0 on CPU); a fraction lets built-in replicas of one rank share a "
+                                          "GPU")
     block_size: int = setting(8, "int", "DFlash block size B (--speculative-num-draft-tokens)", resume="fixed")
-    address: str | None = setting(None, "str", "Ray cluster address (else RAY_ADDRESS, else auto on a `ray up` "
-                                  "node, else a local Ray)")
+    address: str | None = setting(None, "str", "the Ray cluster to join: auto (the one this node runs, e.g. on a "
+                                  "`ray up` head node) or HOST:PORT; else RAY_ADDRESS; else a local Ray of the "
+                                  "harness's own")
     num_cpus: int | None = setting(None, "int", "logical CPUs of a local Ray (default: enough for every replica, "
                                    "at least the machine's cores)")
     placement: str = setting("STRICT_PACK", "str", "placement-group strategy of a replica's bundles (one per TP "
@@ -247,6 +256,12 @@ def validate(c: RunConfig) -> None:
     for name in ("max_retries", "max_hard", "max_errors", "max_replica_restarts", "max_drift"):
         need(getattr(c, name) >= 0, f"{flag(name)} must be >= 0, got {getattr(c, name)}")
     need(c.num_cpus is None or c.num_cpus >= 1, f"--num-cpus must be >= 1, got {c.num_cpus}")
+    g = c.gpus_per_rank
+    if g is not None:
+        need(g >= 0 and (g <= 1 or g == int(g)), f"--gpus-per-rank must be >= 0, and a fraction below 1 (Ray "
+             f"shares one GPU, never several), got {g:g}")
+        need(not (c.device == "cpu" and g), f"--gpus-per-rank {g:g}: --device cpu reserves no GPU")
+        need(not (c.device == "cuda" and g == 0), "--gpus-per-rank 0: --device cuda needs GPUs per rank")
     need(0 <= c.reference_nice <= 19, f"--reference-nice must be in 0..19, got {c.reference_nice}")
     need(c.request_timeout > 0 and c.startup_timeout > 0 and c.recover_timeout > 0,
          "--request-timeout, --startup-timeout and --recover-timeout must be > 0")
@@ -276,7 +291,8 @@ def validate(c: RunConfig) -> None:
                                          or Path(path).expanduser().exists()),
          f"--tokenizer {path}: no such file or directory (give a tokenizer.json or a local model directory)")
     for name in type(c.target).refuses:
-        need(not getattr(c, name), c.target.refused(name, ()))
+        value = getattr(c, name)
+        need(not value or value == default_of(declared(RunConfig)[name]), c.target.refused(name, ()))
     c.target.validate(c, need)
     need(c.run_id is None or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", c.run_id) is not None
          and c.run_id != "latest", f"--run-id must be letters, digits, '.', '_' or '-', got {c.run_id!r}")

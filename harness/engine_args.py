@@ -4,7 +4,7 @@ The flags become EngineConfig overrides of the candidate pools (so tensor-parall
 actors, built from the same EngineConfig, agree with their server); the raw strings stay
 in the plan (`EngineSpec.args`) for servers that are not the built-in engine. Flags the
 harness sets per pool (interval, block size, speculation, radix cache, fault, model, TP,
-page size) and per replica (host, port, API key) are refused with the harness flag to use.
+page size, device) and per replica (host, port, API key) are refused with the harness flag to use.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ POOL_FIELDS = {
     "model_path": "--model-path", "model_preset": "--model-preset", "tp_size": "--tp-size",
     "speculative_algorithm": None, "speculative_num_draft_tokens": "--block-size",
     "mamba_radix_cache_strategy": None, "mamba_track_interval": "--intervals",
-    "page_size": "--page-size", "inject_fault": "--inject-fault",
+    "page_size": "--page-size", "inject_fault": "--inject-fault", "device": "--device (every pool and rank)",
 }
 # what --cover asks of the candidates: drafts that force the commit length to cycle 1..B with the verify count
 COVER_ARGS = ("--drafter-mode", "scripted", "--scripted-accept", "-1")

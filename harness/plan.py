@@ -72,20 +72,18 @@ class Plan:
     def total_candidate_requests(self) -> int:
         return sum(p.requests_per_point for p in self.candidates) * len(self.concurrency)
 
-    def describe(self, cfg: RunConfig, server_command: Callable[[EngineSpec], str] | None = None) -> str:
-        """The human-readable plan `--dry-run` prints; `server_command`: the command line of a pool's servers,
-        for targets that start them."""
+    def describe(self, cfg: RunConfig, server_lines: Callable[[EngineSpec], list[str]] | None = None,
+                 placement: str = "external endpoints") -> str:
+        """The human-readable plan `--dry-run` prints; for targets that start their servers, `server_lines`: the
+        lines saying a pool's servers' command (one per device they may run on: `server: CMD`, `server on GPUs:
+        CMD`), and `placement`: where they go."""
         lines = [f"suite {cfg.workload}: {sum(len(p.sessions) for p in self.candidates)} session runs per sweep "
                  f"point over {len(self.candidates)} candidate pool(s)"
                  + (f"; {self.skipped_sessions} session(s) target an interval with no pool" if
                     self.skipped_sessions else "")]
         if self.workload:
             lines.append(self.workload)
-        where = "external endpoints" if cfg.external else (
-            f"Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one placement group per "
-            f"replica: {cfg.tp_size} bundle(s) of {{'CPU': 1}}, strategy {cfg.placement}, replicas spread "
-            "over nodes")
-        lines.append(f"placement: {where}")
+        lines.append(f"placement: {placement}")
         if not cfg.external:
             key = "--api-key" if cfg.api_key else "a random key drawn for this run"
             lines.append(f"access: replicas require an API key ({key}, passed in their environment, never on a "
@@ -107,8 +105,8 @@ class Plan:
             if p.endpoints:
                 lines.append("  endpoints: " + ", ".join(p.endpoints))
                 lines += probe_lines(p.server_infos)
-            if server_command is not None:
-                lines.append("  server: " + server_command(e))
+            if server_lines is not None:
+                lines += ["  " + line for line in server_lines(e)]
         for p in self.candidates:
             lines.append(f"pool {p.name}: {len(p.sessions)} sessions, {p.requests_per_point} requests per "
                          f"sweep point, concurrency {','.join(map(str, self.concurrency))}")

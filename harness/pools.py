@@ -40,6 +40,7 @@ class Replica:
     log: str | None = None  # the server's log file (on node_id) for built-in replicas
     incarnation: int = 0  # bumped each time the replica comes back at a new URL (its caches are then empty)
     last_failure: str = ""  # the last incident's summary (for a pool that cannot be served)
+    placement: dict | None = None  # where a started replica sits: node, GPU ids, CUDA_VISIBLE_DEVICES, device
 
 
 class Pool:
@@ -130,6 +131,7 @@ class Pool:
             replica.incarnation += 1
         replica.url, replica.node_id, replica.healthy = url, node_id, True
         replica.log = (info or {}).get("log", replica.log)
+        replica.placement = (info or {}).get("placement", replica.placement)  # Ray may have moved it
         replica.last_failure = f"recovered after {took:.1f}s"
         self._write(incident)
         print(f"[specgate] replica {replica.replica_id} serves again at {url} after {took:.1f}s", file=sys.stderr)

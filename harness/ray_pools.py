@@ -1,7 +1,11 @@
-"""Replicas on Ray: one placement group per replica (`tp_size` bundles, bundle 0 = rank 0 and its
-server), replicas spread round-robin over the cluster's nodes, Ray restarting a replica whose
-server dies (harness/replica.py) at most `--max-replica-restarts` times. What each pool's
-replicas run comes from its target (`launch`, harness/targets/managed.py).
+"""Replicas on Ray: one placement group per replica (its bundles and what each reserves: harness/placement.py),
+replicas spread round-robin over the cluster's nodes, Ray restarting a replica whose server dies
+(harness/replica.py) at most `--max-replica-restarts` times. What each pool's replicas run comes from its target
+(`launch`, harness/targets/managed.py), given the device the run resolved (`--device`, `--gpus-per-rank`).
+
+Before anything starts, the plan is checked against the cluster (a plan that does not fit is refused, naming both)
+and, once the placement groups are ready, the directories each replica's server reads are checked on its node.
+What every replica got (node, GPU ids, CUDA_VISIBLE_DEVICES, device) is printed and kept with the pools.
 
 Replicas are not open to the network: they require a per-run random API key (unless `--api-key`
 gives one), which reaches them through Ray and their environment, never a command line; and they
@@ -23,6 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.errors import HarnessError
+from harness.nodes import alive_nodes, check_paths, group_node
+from harness.placement import Demand, Devices, misfit, resolve_devices
 from harness.plan import Plan, PoolPlan
 from harness.pools import Pool, Replica
 from harness.progress import wait_all
@@ -40,13 +46,17 @@ class Launch:
     interpreter); `args`: its flags, host and port added per replica; `engine_cfg`: the built-in engine's
     EngineConfig as a dict (its tensor-parallel rank actors are built from it; None for other engines);
     `environment`: a module-level function (it travels to the actor by reference) that turns the inherited
-    environment into the server's, given where it runs (None: the project's own, harness/replica.py).
+    environment into the server's, given where it runs (None: the project's own, harness/replica.py);
+    `bundles`: the replica's placement-group bundles (harness/placement.py; bundle 0 is the replica actor's, the
+    others its rank actors'); `paths`: (directory, the flag that named it) the server reads, checked on its node.
     """
 
     command: tuple[str, ...] | None
     args: tuple[str, ...]
     engine_cfg: dict | None = None
     environment: Callable[[dict, ServerSite], dict] | None = None
+    bundles: tuple[dict, ...] = ({"CPU": 1},)
+    paths: tuple[tuple[str, str], ...] = ()
 
 
 def resolve_address(address: str | None) -> str | None:
@@ -55,12 +65,6 @@ def resolve_address(address: str | None) -> str | None:
     Never found by itself: a `ray start` address file in the default temp directory may be another user's
     cluster, so a cluster of this machine is joined with `--address auto` only."""
     return address or None
-
-
-def replica_bundles(tp_size: int) -> list[dict]:
-    """Placement-group bundles of one replica: one per TP rank. Bundle 0 hosts the replica actor
-    (rank 0 and the server); rank actors of a tensor-parallel replica go in bundles 1..tp_size-1."""
-    return [{"CPU": 1} for _ in range(tp_size)]
 
 
 def _startup_excerpt(err: BaseException) -> str:
@@ -74,20 +78,32 @@ def _startup_excerpt(err: BaseException) -> str:
     return (head + "\n" if head else "") + (crash_excerpt(rest) or text)[:3000]
 
 
+def placement_line(replica_id: str, seat: dict) -> str:
+    """One replica's placement, for the log: node, GPU ids, CUDA_VISIBLE_DEVICES, device (and its rank actors')."""
+    def one(s: dict) -> str:
+        gpus = ",".join(s.get("gpu_ids") or []) or "none"
+        return (f"node {s.get('node_ip')} ({str(s.get('node_id'))[:8]}), GPUs {gpus}, CUDA_VISIBLE_DEVICES="
+                f"{s.get('cuda_visible_devices', '')!r}, {s.get('device')}")
+
+    ranks = "".join(f"; rank {r.get('rank')}: {one(r)}" for r in seat.get("ranks", []))
+    return f"replica {replica_id}: {one(seat)}{ranks}"
+
+
 class RayPools:
     """Replicas on Ray: connect (or start a local Ray), place, start, and tear down."""
 
-    def __init__(self, cfg: RunConfig, plan: Plan, run_id: str, launch: Callable[[PoolPlan], Launch],
+    def __init__(self, cfg: RunConfig, plan: Plan, run_id: str, launch: Callable[[PoolPlan, Devices], Launch],
                  log_dir: str | None = None, backend=None) -> None:
-        """`launch`: what a pool's replicas run (the target's); `log_dir`: where replicas write their logs
-        (default a temporary directory of each node); `backend`: how the pools are spoken to (default SGLang's
-        API, the built-in engine's)."""
+        """`launch`: what a pool's replicas run and reserve on the resolved devices (the target's); `log_dir`:
+        where replicas write their logs (default a temporary directory of each node); `backend`: how the pools
+        are spoken to (default SGLang's API, the built-in engine's)."""
         self.cfg, self.plan, self.run_id, self.launch = cfg, plan, run_id, launch
         self.log_dir, self.backend = log_dir, backend
         self.started_ray = False
         self.temp_dir: str | None = None  # a local Ray's own temp directory, removed with it
         self.actors: list = []
         self.groups: list = []
+        self.devices: Devices | None = None  # resolved against the cluster in start()
         self.api_key = cfg.api_key or secrets.token_urlsafe(32)  # what the driver sends to this run's replicas
 
     def local_cpus(self) -> int:
@@ -129,44 +145,38 @@ class RayPools:
         return "loopback" if alive and all(n.get("NodeManagerAddress") == here for n in alive) else "node"
 
     def start(self) -> tuple[list[Pool], Pool]:
-        """Create every replica (placement group + actor) and wait until all are healthy."""
+        """Check the plan against the cluster, create every replica (placement group + actor), check the
+        directories its server reads on its node, and wait until all are healthy."""
         import ray
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from harness.replica import ReplicaServer
 
-        actor_cls = ray.remote(max_restarts=self.cfg.max_replica_restarts, max_task_retries=0,
-                               num_cpus=1)(ReplicaServer)
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU", 0) >= 1)
+        self.devices = resolve_devices(self.cfg.device, self.cfg.gpus_per_rank, ray.cluster_resources().get("GPU", 0))
+        pools = (*self.plan.candidates, self.plan.reference)
+        launches = {p.name: self.launch(p, self.devices) for p in pools}  # a target's refusal comes before any start
+        nodes = alive_nodes()
+        problem = misfit([Demand(p.name, p.replicas, launches[p.name].bundles) for p in pools],
+                         {n.name: n.resources for n in nodes}, self.cfg.placement, self.cfg.tp_size, self.devices)
+        if problem:
+            raise HarnessError(problem)
         bind = self.bind()
         print(f"replicas listen on {'127.0.0.1 (single-node Ray)' if bind == 'loopback' else 'their node address'}"
-              f", API key {'from --api-key' if self.cfg.api_key else 'drawn for this run'}")
+              f", API key {'from --api-key' if self.cfg.api_key else 'drawn for this run'}; device "
+              f"{self.devices.kind}" + (f", {self.devices.gpus_per_rank:g} GPU(s) per rank" if self.devices.on_gpu
+                                        else ""))
+        specs = self._place(pools, launches, nodes)
+        check_paths([(rid, group_node(pg), launch.paths) for _, rid, launch, pg in specs], nodes)
         log_dir = self.log_dir or os.path.join(tempfile.gettempdir(), "specgate", self.run_id)
-        specs = []
-        for p in (*self.plan.candidates, self.plan.reference):
-            launch = self.launch(p)
-            for r in range(p.replicas):
-                bundles = replica_bundles(self.cfg.tp_size)
-                kwargs = {}
-                if self.cfg.placement == "STRICT_PACK" and nodes:
-                    kwargs["_soft_target_node_id"] = nodes[len(specs) % len(nodes)]  # spread replicas
-                pg = placement_group(bundles, strategy=self.cfg.placement, **kwargs)
-                self.groups.append(pg)
-                specs.append((p, f"{p.name}-r{r}", launch, pg))
-        try:
-            ray.get([spec[3].ready() for spec in specs], timeout=min(self.cfg.startup_timeout, 120))
-        except ray.exceptions.GetTimeoutError:
-            need = len(specs) * self.cfg.tp_size
-            raise HarnessError(f"placement groups not ready: {len(specs)} replica(s) need {need} CPU(s) "
-                               f"({self.cfg.tp_size} per replica); the cluster has "
-                               f"{ray.cluster_resources().get('CPU', 0):g}") from None
+        actor_cls = ray.remote(max_restarts=self.cfg.max_replica_restarts, max_task_retries=0,
+                               num_cpus=1)(ReplicaServer)
         for p, rid, launch, pg in specs:
             strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)
-            actor = actor_cls.options(scheduling_strategy=strategy).remote(
+            rank_gpus = launch.bundles[-1].get("GPU", 0) if len(launch.bundles) > 1 else 0
+            actor = actor_cls.options(scheduling_strategy=strategy, num_gpus=launch.bundles[0].get("GPU", 0)).remote(
                 rid, list(launch.args), launch.command, os.getcwd(), self.cfg.startup_timeout, log_dir,
                 launch.engine_cfg, self.api_key, bind, self.cfg.recover_timeout, launch.environment,
-                self.cfg.reference_nice if p.role == "reference" else 0)
+                self.cfg.reference_nice if p.role == "reference" else 0, rank_gpus)
             self.actors.append(actor)
         try:
             infos = wait_all([a.info.remote() for a in self.actors], self.cfg.startup_timeout + 30, "replicas")
@@ -174,13 +184,47 @@ class RayPools:
             raise HarnessError(f"replicas not healthy within {self.cfg.startup_timeout:g}s") from None
         except ray.exceptions.RayActorError as e:
             raise HarnessError(f"a replica failed to start: {_startup_excerpt(e)}") from None
+        return self._pools(specs, infos)
+
+    def _place(self, pools, launches: dict[str, Launch], nodes) -> list[tuple]:
+        """One placement group per replica, spread round-robin over the nodes that can hold one; wait until all
+        are ready. Returns (pool plan, replica id, launch, group) per replica."""
+        import ray
+        from ray.util.placement_group import placement_group
+
+        specs = []
+        for p in pools:
+            launch = launches[p.name]
+            need = {k: sum(b.get(k, 0) for b in launch.bundles) for k in ("CPU", "GPU")}
+            hosts = [n.node_id for n in nodes if all(n.resources.get(k, 0) >= v for k, v in need.items())]
+            for r in range(p.replicas):
+                kwargs = {}
+                if self.cfg.placement == "STRICT_PACK" and hosts:
+                    kwargs["_soft_target_node_id"] = hosts[len(specs) % len(hosts)]  # spread replicas
+                pg = placement_group(list(launch.bundles), strategy=self.cfg.placement, **kwargs)
+                self.groups.append(pg)
+                specs.append((p, f"{p.name}-r{r}", launch, pg))
+        try:
+            ray.get([spec[3].ready() for spec in specs], timeout=min(self.cfg.startup_timeout, 120))
+        except ray.exceptions.GetTimeoutError:
+            cluster = ray.cluster_resources()
+            need = {k: sum(b.get(k, 0) for *_, launch, _ in specs for b in launch.bundles) for k in ("CPU", "GPU")}
+            raise HarnessError(f"placement groups not ready: {len(specs)} replica(s) need {need['CPU']:g} CPU(s) and "
+                               f"{need['GPU']:g} GPU(s); the cluster has {cluster.get('CPU', 0):g} CPU(s) and "
+                               f"{cluster.get('GPU', 0):g} GPU(s), some of them held by others") from None
+        return specs
+
+    def _pools(self, specs: list[tuple], infos: list[dict]) -> tuple[list[Pool], Pool]:
+        """The started replicas as pools, each with where it sits (printed, one line per replica)."""
         pools: dict[str, Pool] = {}
         for (p, rid, *_), actor, info in zip(specs, self.actors, infos, strict=True):
             pool = pools.get(p.name)
             if pool is None:
                 pool = pools[p.name] = Pool(p.name, p.role, p.engine, [], False, self.cfg.recover_timeout,
                                             self.api_key, self.backend)
-            pool.replicas.append(Replica(rid, info["url"], info["node_id"], actor, log=info["log"]))
+            pool.replicas.append(Replica(rid, info["url"], info["node_id"], actor, log=info["log"],
+                                         placement=info.get("placement")))
+            print(placement_line(rid, info.get("placement") or {}))
         cands = [pools[p.name] for p in self.plan.candidates]
         return cands, pools[self.plan.reference.name]
 

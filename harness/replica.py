@@ -14,6 +14,12 @@ Nothing secret is on a command line: the API key and the tensor-parallel group's
 secret reach the server in its environment (SPECGATE_API_KEY, SPECGATE_TP_SECRET),
 the rank actors through Ray. The server binds 127.0.0.1 when the whole Ray cluster
 is this one node (`bind="loopback"`), the node's address otherwise.
+
+The server's CUDA_VISIBLE_DEVICES is exactly the GPUs Ray gave this actor from its
+placement-group bundle ("" for none, whatever the Ray version), so a managed engine's
+own TP workers start on the replica's GPUs and a CPU replica sees none; each rank
+actor of a built-in replica holds its own bundle's GPU. `info` reports where the
+replica and its ranks sit (harness/seat.py).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pathlib import Path
 
 from harness.launcher import LAUNCHER as _LAUNCHER
 from harness.rank_actor import RankActor
+from harness.seat import Seat
 from harness.server_logs import crash_excerpt, log_tail, previous_log, read_log_excerpt  # noqa: F401 - importers
 
 NODE_CHECK_S = 1.0  # how often a replica actor looks whether its raylet (its parent process) is still there
@@ -89,20 +96,22 @@ class ReplicaServer:
     def __init__(self, replica_id: str, args: list[str], command: tuple[str, ...] | None, workdir: str | None,
                  startup_timeout: float, log_dir: str, engine_cfg: dict | None = None, api_key: str | None = None,
                  bind: str = "node", recover_timeout: float | None = None,
-                 environment: Callable[[dict, ServerSite], dict] | None = None, nice: int = 0) -> None:
+                 environment: Callable[[dict, ServerSite], dict] | None = None, nice: int = 0,
+                 rank_gpus: float = 0) -> None:
         """`engine_cfg`: the built-in engine's EngineConfig as a dict (its rank actors are built from it).
         `bind`: "loopback" (the cluster is this node) or "node" (listen on the node's address).
         `recover_timeout`: the startup limit once Ray restarts this actor (default `startup_timeout`);
         `environment`: the target's function from the inherited environment to the server's (default
         `project_environment`; e.g. vLLM's own venv and cache, harness/targets/vllm.py);
-        `nice`: added to the server's niceness (Linux; the reference pool's --reference-nice)."""
+        `nice`: added to the server's niceness (Linux; the reference pool's --reference-nice);
+        `rank_gpus`: the GPUs each rank actor of a tensor-parallel built-in replica holds (its bundle's)."""
         import ray
 
         ctx = ray.get_runtime_context()
         self.replica_id = replica_id
         self.environment, self.log_dir = environment or project_environment, log_dir
-        self.node_id = ctx.get_node_id()
-        self.node_ip = ray.util.get_node_ip_address()
+        self.seat = Seat.here()
+        self.node_id, self.node_ip = self.seat.node_id, self.seat.node_ip
         self.host = "127.0.0.1" if bind == "loopback" else self.node_ip
         self.restarts = int(getattr(ctx, "was_current_actor_reconstructed", False))
         self.api_key, self.nice = api_key, nice
@@ -120,6 +129,8 @@ class ReplicaServer:
                 self.previous = {"log": str(prev), "excerpt": read_log_excerpt(str(prev))}
             startup_timeout = recover_timeout or startup_timeout
         self.ranks: list = []
+        self.rank_seats: list[dict] = []
+        self.rank_gpus = rank_gpus
         self.engine_cfg = engine_cfg
         tp_size = int((engine_cfg or {}).get("tp_size", 1))
         last_error = ""
@@ -137,6 +148,8 @@ class ReplicaServer:
             last_error = self._wait_healthy(startup_timeout)
             if not last_error:
                 self._serving = True
+                # the server is healthy, so every rank joined its group: their actors exist
+                self.rank_seats = ray.get([a.seat.remote() for a in self.ranks], timeout=60)
                 return
             self._terminate()
         raise RuntimeError(f"replica {replica_id}: server did not become healthy: {last_error}")
@@ -151,6 +164,7 @@ class ReplicaServer:
             env[API_KEY_ENV] = self.api_key
         env[TP_SECRET_ENV] = self.tp_secret
         env["SPECGATE_NICE"] = str(self.nice)  # the launcher applies it
+        env["CUDA_VISIBLE_DEVICES"] = self.seat.cuda_visible_devices  # exactly this replica's GPUs, "" for none
         env = self.environment(env, ServerSite(self.replica_id, self.host, self.log_dir, self.workdir, self.api_key))
 
         def watchdog() -> None:
@@ -205,7 +219,7 @@ class ReplicaServer:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         pg = get_current_placement_group()
-        cls = ray.remote(num_cpus=1, max_restarts=0)(RankActor)
+        cls = ray.remote(num_cpus=1, num_gpus=self.rank_gpus, max_restarts=0)(RankActor)
         for a in self.ranks:
             ray.kill(a, no_restart=True)
         self.ranks = [
@@ -250,7 +264,7 @@ class ReplicaServer:
             raise RuntimeError(f"replica {self.replica_id}: server is not running")
         return {"replica_id": self.replica_id, "url": self.url, "node_id": self.node_id,
                 "pid": self._proc.pid, "restarted": bool(self.restarts), "log": str(self.log_path),
-                "previous": self.previous}
+                "previous": self.previous, "placement": {**self.seat.to_json(), "ranks": self.rank_seats}}
 
     def stop(self) -> None:
         """Stop the server for good (the watchdog then leaves the actor alive, to be killed)."""

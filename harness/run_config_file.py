@@ -1,4 +1,5 @@
-"""config.json of a run directory: the RunConfig, the run id, each pool's engine and server info, the plan."""
+"""config.json of a run directory: the RunConfig, the run id, each pool's engine and server info, where each started
+replica sits (node, GPU ids, CUDA_VISIBLE_DEVICES, device), the plan."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def write_config(run_dir: Path, cfg: RunConfig, target: Target, run_id: str, pla
         # what each pool's servers cannot report
         "narrowed": {p.name: list(target.reported(p.server_info).unknown) for p in pools},
         "pools": {p.name: {"role": p.role, "engine": p.engine.record(), "server_info": p.server_info,
-                           "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id}
+                           "replicas": [{"replica_id": r.replica_id, "url": r.url, "node_id": r.node_id,
+                                         **({"placement": r.placement} if r.placement is not None else {})}
                                         for r in p.replicas]} for p in pools},
         "plan": {"concurrency": list(plan.concurrency), "skipped_sessions": plan.skipped_sessions,
                  "total_candidate_requests": plan.total_candidate_requests, "workload": plan.workload,

@@ -24,7 +24,9 @@ def test_a_run_refused_for_too_few_cpus_leaves_no_run_directory(workdir, capsys)
     rc = main(run_args(workdir, make_sessions(2), "--run-id", "refused", "--num-cpus", "1", "--startup-timeout", "5"))
     out, err = capsys.readouterr()
     assert rc == 2, err
-    assert "placement groups not ready: 5 replica(s) need 5 CPU(s) (1 per replica); the cluster has 1" in err
+    assert ("the plan does not fit the Ray cluster, so nothing was started: it needs (i16, i32 x 2 + reference x 1 "
+            "= 5 replicas) x TP 1 on CPU = 5 CPUs, each replica on one node; the cluster has 0 GPUs, 1 CPUs on 1 "
+            "node(s)") in err
     assert f"specgate: removed {runs / 'refused'}: the run recorded nothing" in err
     assert sorted(p.name for p in runs.iterdir()) == ["latest", "old"]
     assert os.readlink(runs / "latest") == "old"
