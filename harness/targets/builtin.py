@@ -7,7 +7,9 @@ speculation-only (`i<I>-spec`) and a cache-only (`i<I>-cache`) pool per interval
 flags (harness/engine_args.py). The reference runs the cold path. Each pool's
 replicas run `python -m engine.serve` (or --server-command) with the flags below,
 their rank actors built from the same EngineConfig; the workload is built for the
-flags' intervals and B in the byte tokenizer.
+flags' intervals and B in the byte tokenizer. Every pool and every rank computes on
+the run's device (`--device`): on CUDA each rank holds a GPU of its own (one bundle
+per rank); a fraction of a GPU per rank lets replicas of one rank share one.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from harness.engine_args import COVER_ARGS, EngineArgsError, check_config, engin
 from harness.errors import ConfigError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan, sessions_for, skipped
 from harness.settings import Need, setting
-from harness.targets.managed import Launch, ManagedSettings, ManagedTarget, diagnose_setting
+from harness.targets.managed import Devices, Launch, ManagedSettings, ManagedTarget, diagnose_setting
 from harness.workload import WorkloadTarget, from_flags
 from reports.controls import CONTROL_PREFIX
 from reports.gate import GateThresholds
@@ -45,6 +47,7 @@ class BuiltinSettings(ManagedSettings):
     """The built-in engine's own settings (engine.serve's flags the harness sets per pool)."""
 
     key = "builtin"
+    gpu_fractions = True  # small replicas of one rank may share a GPU
 
     model_preset: str | None = setting(None, "str", "architecture for --model-path random (tiny, small)",
                                        resume="fixed")
@@ -139,8 +142,10 @@ def reference_engine(cfg: RunConfig) -> EngineSpec:
     return EngineSpec(None, None, None, cfg.tp_size, None, False, False, dtype_args(cfg))
 
 
-def _base_config(cfg: RunConfig, engine: EngineSpec) -> dict:
+def _base_config(cfg: RunConfig, engine: EngineSpec, device: str = "cpu") -> dict:
     kw: dict = {"model_path": cfg.target.model_path, "tp_size": cfg.tp_size}
+    if device != "cpu":  # the engine's default: CPU command lines stay as they were
+        kw["device"] = device
     if cfg.target.model_preset:
         kw["model_preset"] = cfg.target.model_preset
     if cfg.target.page_size:
@@ -160,9 +165,10 @@ def _base_config(cfg: RunConfig, engine: EngineSpec) -> dict:
     return kw
 
 
-def engine_config(cfg: RunConfig, engine: EngineSpec) -> EngineConfig:
-    """The built-in engine's settings for a pool's replicas (what their ranks and servers are built from)."""
-    return EngineConfig(**{**_base_config(cfg, engine), **engine_overrides(engine.args)})
+def engine_config(cfg: RunConfig, engine: EngineSpec, device: str = "cpu") -> EngineConfig:
+    """The built-in engine's settings for a pool's replicas on `device` (what their ranks and servers are built
+    from)."""
+    return EngineConfig(**{**_base_config(cfg, engine, device), **engine_overrides(engine.args)})
 
 
 # EngineConfig fields the harness sets from its own flags: how a config error names them to the user
@@ -193,18 +199,16 @@ def check_candidate_engines(cfg: RunConfig) -> None:
 ROLE_FLAGS = ("model_path", "tp_size", "speculative_algorithm", "mamba_track_interval")
 
 
-def server_args(cfg: RunConfig, engine: EngineSpec) -> list[str]:
-    """`engine.serve` flags for a pool (host and port are added per replica). Never the API key: a command line
-    is readable by every local user; replicas get it in their environment (harness/replica.py)."""
-    return to_argv(engine_config(cfg, engine), always=ROLE_FLAGS)
+def server_args(cfg: RunConfig, engine: EngineSpec, device: str = "cpu") -> list[str]:
+    """`engine.serve` flags for a pool on `device` (host and port are added per replica). Never the API key: a
+    command line is readable by every local user; replicas get it in their environment (harness/replica.py)."""
+    return to_argv(engine_config(cfg, engine, device), always=ROLE_FLAGS)
 
 
-def server_command(cfg: RunConfig, engine: EngineSpec) -> str:
-    """The command line a pool's replicas run, as `--dry-run` shows it."""
-    return shlex.join([*(cfg.target.server_command or DEFAULT_SERVER_COMMAND), *server_args(cfg, engine),
+def server_command(cfg: RunConfig, engine: EngineSpec, device: str = "cpu") -> str:
+    """The command line a pool's replicas run on `device`, as `--dry-run` shows it."""
+    return shlex.join([*(cfg.target.server_command or DEFAULT_SERVER_COMMAND), *server_args(cfg, engine, device),
                        "--host", "HOST", "--port", "PORT"])
-
-
 
 
 def control_engine(cfg: RunConfig, interval: int, speculative: bool, radix_cache: bool) -> EngineSpec:
@@ -238,6 +242,7 @@ class BuiltinTarget(ManagedTarget):
     """The built-in engine: pools from the flags, servers that report exactly what they were started with."""
 
     settings_class = BuiltinSettings
+    own_ranks = False  # one Ray rank actor per TP rank, each in a bundle of its own
 
     def workload(self, infos: dict[str, dict]) -> WorkloadTarget:
         """The flags' intervals and B, in the byte tokenizer the engine runs."""
@@ -252,12 +257,24 @@ class BuiltinTarget(ManagedTarget):
         return builtin_plan(self.cfg, sessions)
 
     def describe(self, plan: Plan) -> str:
-        return plan.describe(self.cfg, lambda engine: server_command(self.cfg, engine))
+        variants = self.dry_run_devices()
 
-    def launch(self, pool: PoolPlan) -> Launch:
-        """engine.serve (or --server-command) with the pool's flags, in the project's environment."""
-        return Launch(self.cfg.target.server_command, tuple(server_args(self.cfg, pool.engine)),
-                      asdict(engine_config(self.cfg, pool.engine)))
+        def lines(engine: EngineSpec) -> list[str]:
+            return [f"server{' on GPUs' if d.on_gpu else ' on CPU' if len(variants) > 1 else ''}: "
+                    + server_command(self.cfg, engine, d.kind) for d in variants]
+
+        return plan.describe(self.cfg, lines, self.placement_text())
+
+    def launch(self, pool: PoolPlan, devices: Devices) -> Launch:
+        """engine.serve (or --server-command) with the pool's flags on the run's device, in the project's
+        environment."""
+        return Launch(self.cfg.target.server_command, tuple(server_args(self.cfg, pool.engine, devices.kind)),
+                      asdict(engine_config(self.cfg, pool.engine, devices.kind)))
+
+    def node_paths(self, pool: PoolPlan) -> tuple[tuple[str, str], ...]:
+        """A weights directory given as --model-path (default and random need none)."""
+        path = self.cfg.target.model_path
+        return () if path in ("default", "random") else ((path, "--model-path"),)
 
     def backend(self, api_key: str) -> Backend:
         return make_backend("sglang", api_key)

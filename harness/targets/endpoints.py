@@ -40,7 +40,8 @@ class EndpointsSettings(TargetSettings):
     key = "endpoints"
     managed = False
     chosen_by = ("endpoint", "reference_endpoint")
-    refuses = frozenset({"calibrate"})  # a control pool is a server of its own, which only a started target has
+    # a control pool is a server of its own, which only a started target has; devices are the running servers' own
+    refuses = frozenset({"calibrate", "device", "gpus_per_rank"})
 
     endpoint: tuple[str, ...] = setting((), "strs", "an already-running candidate server (repeatable); no Ray "
                                         "replicas then", resume="fixed")
@@ -55,6 +56,9 @@ class EndpointsSettings(TargetSettings):
         if name == "calibrate":
             return (f"--calibrate needs --engine {' or '.join(offered_by) or 'KEY'} (it starts clean control servers); "
                     "calibrate --endpoint servers from a trusted run's records with --baseline-run RUN_DIR")
+        if name in ("device", "gpus_per_rank"):
+            return (f"--{name.replace('_', '-')} places the replicas the harness starts; --endpoint servers run "
+                    "where they already are")
         return f"--{name.replace('_', '-')} configures built-in replicas; it does not apply to --endpoint servers"
 
     def validate(self, run: RunConfig, need: Need) -> None:

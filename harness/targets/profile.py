@@ -8,6 +8,12 @@ replica (a candidate whose first request crashes is kept, so the crash is record
 as its failure), the check of each server's report against its pool, and the
 settling of each pool's engine on what its servers report. Each engine's module keeps
 only what is its own: its profile, its contradiction rules, its notes.
+
+Each engine has two profiles, chosen by where its replica runs (`Profile`): on GPUs its
+own defaults (CUDA graphs on, its attention backend, its memory fraction), on CPU what
+its CPU build needs. Either way the server starts its own tensor-parallel workers
+(`--tp-size`), inside the one placement-group bundle that holds all of the replica's
+GPUs; flags that would start, place or shard ranks otherwise are refused (`Reserved`).
 """
 
 from __future__ import annotations
@@ -15,8 +21,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import shlex
 from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,12 +35,81 @@ from harness.backends import ReplicaFailure, RequestError
 from harness.errors import HarnessError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan
 from harness.targets.base import Reported
-from harness.targets.managed import ManagedTarget
+from harness.targets.managed import Devices, ManagedTarget
 from harness.targets.venv import InterpreterNotFound, Venv, find_python
 from harness.workload import WorkloadTarget, from_flags
 
 if TYPE_CHECKING:
+    from harness.replica import ServerSite
     from harness.targets.managed import ManagedSettings
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a managed engine's servers get where they run: flags before the pool's own, and the environment
+    function (module-level: it travels to the replica actor by reference)."""
+
+    name: str  # "GPU" or "CPU"
+    flags: tuple[str, ...]
+    environment: Callable[[dict, ServerSite], dict]
+    env_line: str  # what --dry-run says of the environment
+
+
+def profile_for(devices: Devices, gpu: Profile, cpu: Profile) -> Profile:
+    """The profile of a replica placed on `devices`."""
+    return gpu if devices.on_gpu else cpu
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """Flags of an engine that the harness sets or cannot honour, each spelling of them, and why."""
+
+    spellings: tuple[str, ...]
+    why: str
+
+
+def flag_name(arg: str) -> str:
+    """The flag an argument names: `--a_b=1` is `--a-b` (vLLM reads underscores as dashes)."""
+    name = arg.split("=", 1)[0]
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def reserved(args: Sequence[str], table: Sequence[Reserved]) -> str | None:
+    """Why the first reserved flag of `args` is refused (naming it), None when there is none. A long flag is also
+    caught by a prefix of it, which argparse (SGLang's, vLLM's) takes for the whole flag."""
+    for arg in args:
+        if not arg.startswith("-") or arg.lstrip("-").replace(".", "").isdigit():
+            continue
+        name = flag_name(arg)
+        for entry in table:
+            if name in entry.spellings:
+                return f"{name} {entry.why}"
+        if len(name) >= 4 and name.startswith("--"):
+            for entry in table:
+                full = next((f for f in entry.spellings if f.startswith(name)), None)
+                if full is not None:
+                    return f"{name} (short for {full}) {entry.why}"
+    return None
+
+
+def parallel_reserved(tp: Sequence[str], dp: Sequence[str], pp: Sequence[str], nodes: Sequence[str],
+                      gpus: Sequence[str]) -> list[Reserved]:
+    """The parallelism and device flags every managed engine refuses, by their spellings in that engine."""
+    return [Reserved(tuple(tp), "is set by the harness from --tp-size, which also reserves the replica's GPUs: give "
+                     "--tp-size N"),
+            Reserved(tuple(dp), "is refused: data parallelism is the harness's --replicas (each replica in a "
+                     "placement group of its own, with GPUs of its own)"),
+            Reserved(tuple(pp), "is refused: pipeline parallelism is not supported (a replica is its "
+                     "tensor-parallel ranks on one node); use --tp-size"),
+            Reserved(tuple(nodes), "is refused: a replica runs on one node (its STRICT_PACK placement group)"),
+            Reserved(tuple(gpus), "is set by the harness: a replica's GPUs are those of its placement group, "
+                     "given in CUDA_VISIBLE_DEVICES (--device, --gpus-per-rank)")]
+
+
+def local_paths(values: Sequence[str | None]) -> list[str]:
+    """Those of `values` that name a filesystem path (not a hub id or a method name): absolute, or starting with
+    `.` or `~`."""
+    return [v for v in values if v and (os.path.isabs(v) or v.startswith((".", "~")))]
 
 
 async def probe_replica(backend, http, url: str, role: str) -> dict:
@@ -89,8 +167,8 @@ class ProfileTarget(ManagedTarget):
         """Why a server's info contradicts what its pool `name` asked for; None when it agrees or does not say."""
 
     @abstractmethod
-    def server_line(self, python: str, asked) -> str:
-        """`--dry-run`'s server command of an asked pool."""
+    def server_line(self, python: str, asked, devices: Devices) -> str:
+        """`--dry-run`'s server command of an asked pool placed on `devices` (its profile)."""
 
     @abstractmethod
     def pool_line(self, asked) -> str:
@@ -145,13 +223,15 @@ class ProfileTarget(ManagedTarget):
         n_sessions = len(plan.candidates[0].sessions) if plan.candidates else 0
         lines = [f"engine {self.venv.engine} ({python}), backend {cfg.backend}; model "
                  f"{Path(self.settings.model_path).expanduser().resolve()}",
-                 f"placement: Ray ({cfg.address or 'auto on a ray-up node, else a local Ray'}), one actor per replica",
+                 f"placement: {self.placement_text()}",
                  f"suite {cfg.workload}: {self.suite_line(n_sessions)} per candidate pool and sweep point, "
                  f"concurrency {','.join(map(str, cfg.concurrency))}"]
+        variants = self.dry_run_devices()
         for p in (*cands, ref):
             replicas = cfg.reference_replicas if p.role == "reference" else cfg.replicas
-            lines.append(f"pool {p.name} ({p.role}): {replicas} replica(s), {self.pool_line(p)}")
-            lines.append("  server: " + self.server_line(python, p))
+            lines.append(f"pool {p.name} ({p.role}): {replicas} replica(s), tp {cfg.tp_size}, {self.pool_line(p)}")
+            lines += [f"  server{' on GPUs' if d.on_gpu else ' on CPU' if len(variants) > 1 else ''}: "
+                      + self.server_line(python, p, d) for d in variants]
         lines += self.notes([*cands, ref])
         return "\n".join(lines) + (f"\n{plan.workload}" if plan.workload else "")
 

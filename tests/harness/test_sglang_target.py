@@ -24,7 +24,7 @@ from harness.models.hf_build import with_interval
 from harness.replica import ServerSite
 from harness.run import make_plan
 from harness.targets import make_target
-from harness.targets.sglang_profile import BOOTSTRAP, cold_args, environment, make_pool, pools
+from harness.targets.sglang_profile import BOOTSTRAP, cold_args, cpu_environment, make_pool, pools
 from tests.harness import server_infos
 from tests.harness.targets.case_sglang import case
 from workloads.schema import Session, Turn
@@ -92,8 +92,8 @@ def test_the_bootstrap_writes_the_key_out_of_everything_sglang_logs(tmp_path):
 
 
 def test_the_environment_is_sglang_s_cpu_engine_offline_with_a_home_of_its_own(tmp_path):
-    env = environment({"PYTHONPATH": "/repo", "VIRTUAL_ENV": "/repo/.venv", "HOME": "/root", "PATH": "/bin"},
-                      ServerSite("sglang-r0", "127.0.0.1", str(tmp_path), "/repo", "key"))
+    env = cpu_environment({"PYTHONPATH": "/repo", "VIRTUAL_ENV": "/repo/.venv", "HOME": "/root", "PATH": "/bin"},
+                          ServerSite("sglang-r0", "127.0.0.1", str(tmp_path), "/repo", "key"))
     assert "PYTHONPATH" not in env and "VIRTUAL_ENV" not in env and env["PATH"] == "/bin"
     assert env["HOME"] == str(tmp_path / "sglang-r0-home") and (tmp_path / "sglang-r0-home").is_dir()
     assert {k: env[k] for k in ("SGLANG_USE_CPU_ENGINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",

@@ -41,7 +41,8 @@ def case(tmp_path) -> Case:
 
 def _launch_of_i128():
     from harness.cli import from_argv
+    from harness.placement import CPU
     from harness.targets import make_target
 
     target = make_target(from_argv(["--intervals", "128,256"], {})[0])
-    return target.launch(target.plan([], {}).candidates[0])
+    return target.launch(target.plan([], {}).candidates[0], CPU)

@@ -15,7 +15,7 @@ from tests.harness.helpers import REPO
 from tests.harness.targets.contract import Case
 
 # what a GPU node runs (on SGLang's CPU path the target refuses DFLASH and extra_buffer before starting anything)
-SPEC = ("--device cuda --attention-backend fa3 --speculative-algorithm DFLASH --speculative-draft-model-path /drafter "
+SPEC = ("--attention-backend fa3 --speculative-algorithm DFLASH --speculative-draft-model-path /drafter "
         "--speculative-dflash-block-size 8 --mamba-radix-cache-strategy extra_buffer")
 UNKNOWN = ["spec_trace"]
 
@@ -73,10 +73,14 @@ def case(tmp_path) -> Case:
                  (["--candidate-args", "--port 1"], "--candidate-args: --port is set by the harness"),
                  (["--candidate-args=--disable-radix-cache"],
                   "--candidate-args: --disable-radix-cache is set by the harness; use the harness flag --calibrate"),
-                 (["--candidate-args", "--speculative-algorithm DFLASH --speculative-dflash-block-size 8"],
+                 (["--device", "cpu", "--candidate-args",
+                   "--speculative-algorithm DFLASH --speculative-dflash-block-size 8"],
                   "--candidate-args: SGLang's CPU platform refuses --speculative-algorithm DFLASH"),
-                 (["--candidate-args", "--mamba-radix-cache-strategy extra_buffer"],
+                 (["--device", "cpu", "--candidate-args", "--mamba-radix-cache-strategy extra_buffer"],
                   "--candidate-args: SGLang's CPU platform refuses"),
+                 (["--candidate-args", "--tp 2"], "--candidate-args: --tp (short for --tp-size) is set by the "
+                  "harness from --tp-size"),
+                 (["--candidate-args", "--device cuda"], "--candidate-args: --device is set by the harness"),
                  (["--endpoint", "http://h:1", "--reference-endpoint", "http://h:2"],
                   "--engine sglang starts SGLang replicas under Ray")],
     )

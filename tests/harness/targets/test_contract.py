@@ -58,7 +58,7 @@ def _url(pool) -> str:
 
 
 def _launch(target, pool):
-    return target.launch(pool) if isinstance(target, ManagedTarget) else None
+    return target.launch(pool, target.dry_run_devices()[0]) if isinstance(target, ManagedTarget) else None
 
 
 def test_the_registry_names_every_target_by_its_key():
@@ -148,11 +148,12 @@ def test_replicas_run_what_the_dry_run_shows(key, tmp_path):
         if not target.managed:
             assert pool.endpoints and all(u in text for u in pool.endpoints)
             continue
-        launch = target.launch(pool)
-        assert shlex.join(launch.args) in text  # the dry run shows the flags the replicas get
-        fn = launch.environment
-        if fn is not None:  # it travels to the Ray actor by reference: a module-level function
-            assert getattr(importlib.import_module(fn.__module__), fn.__name__) is fn
+        for devices in target.dry_run_devices():  # --device auto: the GPU and the CPU profile
+            launch = target.launch(pool, devices)
+            assert shlex.join(launch.args) in text  # the dry run shows the flags the replicas get
+            fn = launch.environment
+            if fn is not None:  # it travels to the Ray actor by reference: a module-level function
+                assert getattr(importlib.import_module(fn.__module__), fn.__name__) is fn
 
 
 @pytest.mark.parametrize("key", KEYS)
