@@ -1,5 +1,6 @@
 # Two entry points that work on a fresh machine: `make run` and `make test`; two optional ones build a real
 # engine's CPU build in its own venv for its CI tests: `make vllm` (.venv-vllm), `make sglang` (.venv-sglang).
+# GPU nodes: `make venv-gpu`, `make sglang-gpu`, `make vllm-gpu` (below).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -73,6 +74,48 @@ sglang: $(SGLANG_STAMP)
 	$$(cat $(SGLANG_STAMP)), not $(SGLANG_VERSION): rm -rf $(SGLANG_VENV), or build it elsewhere with \
 	SGLANG_VENV=.venv-sglang-$(SGLANG_VERSION)" >&2; exit 1; }
 	@$(SGLANG_VENV)/bin/python $(SGLANG_SETUP)/venv.py patches $(SGLANG_VERSION)
+
+# GPU builds (docs/cluster.md; ray_cluster_gpu.yaml runs them on every node): the project venv with a CUDA torch
+# (it fails unless torch sees a CUDA device), and SGLang's and vLLM's CUDA builds in the venvs their CPU builds
+# use, so the harness finds them where it looks. `make gpu-engines GPU_ENGINES="sglang-gpu vllm-gpu"` builds those.
+TORCH_VERSION ?= 2.13.0
+TORCH_CUDA ?= cu128
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_CUDA)
+GPU_STAMP := $(VENV)/.installed-gpu
+GPU_ENGINES ?=
+
+.PHONY: venv-gpu sglang-gpu vllm-gpu gpu-engines
+
+$(GPU_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --index-url $(TORCH_INDEX) torch==$(TORCH_VERSION)
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python -c "import torch, triton; assert torch.cuda.is_available(), 'this torch sees no CUDA device'; \
+		print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
+	touch $(GPU_STAMP) $(STAMP)
+
+venv-gpu: $(GPU_STAMP)
+
+$(SGLANG_VENV)/.installed-gpu:
+	test -x $(SGLANG_VENV)/bin/python || $(PY) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q sglang==$(SGLANG_VERSION)
+	$(SGLANG_VENV)/bin/python -c "import sglang.launch_server"
+	echo $(SGLANG_VERSION) > $@
+
+sglang-gpu: $(SGLANG_VENV)/.installed-gpu
+
+$(VLLM_VENV)/.installed-gpu:
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $@
+
+vllm-gpu: $(VLLM_VENV)/.installed-gpu
+
+gpu-engines: $(GPU_ENGINES)
 
 run: $(STAMP)
 	$(BIN)/python -m harness.run $(ARGS)
