@@ -102,8 +102,9 @@ class ManagedTarget(Target):
         cfg = self.cfg
         shapes = "; ".join(f"on {'GPUs' if d.on_gpu else 'CPU'}: {d.describe(cfg.tp_size, self.own_ranks)}"
                            for d in self.dry_run_devices())
-        where = f"the Ray cluster at {cfg.address}" if cfg.address else \
-            "a local Ray of its own (--address auto joins the cluster this node runs)"
+        where = ("the Ray cluster this node runs (--address auto)" if cfg.address == "auto" else
+                 f"the Ray cluster at {cfg.address}" if cfg.address else
+                 "a local Ray of its own (--address auto joins the cluster this node runs)")
         return (f"{where}; one placement group per replica, strategy {cfg.placement}, replicas spread over nodes; "
                 f"--device {cfg.device}" + (" (cuda where the cluster has GPUs)" if cfg.device == "auto" else "")
                 + f"; {shapes}")

@@ -201,6 +201,8 @@ class SGLangTarget(ProfileTarget):
 
     def notes(self, asked_pools: list) -> list[str]:
         lines = [f"  environment on {p.name}: {p.env_line}" for p in self.profiles()]
+        problem = cpu_problem(self.settings.candidate_args) if CPU in self.profiles() else None
+        lines += [f"  on CPU the candidate is refused before anything starts: {problem}"] if problem else []
         lines += ["  the key reaches --api-key from SPECGATE_API_KEY, never a command line",
                   "at start: each server's /server_info is read back (radix cache, speculation, strategy, track "
                   "interval, model path); a server that runs something else than its pool asked stops the run"]
