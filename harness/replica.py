@@ -24,6 +24,7 @@ replica and its ranks sit (harness/seat.py).
 
 from __future__ import annotations
 
+import http.client
 import os
 import secrets
 import socket
@@ -83,10 +84,12 @@ def resolve_command(command: tuple[str, ...] | list[str] | None) -> list[str]:
 
 
 def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """Whether `url` answers 200; False for anything else, a port held by something that does not speak HTTP
+    included (another process can take a port between free_port() and the server's bind)."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
         return False
 
 

@@ -95,3 +95,28 @@ def test_a_killed_node_takes_the_servers_of_its_live_actors_with_it(cluster, tmp
     assert gone_within([info["pid"], actor_pid], 60), \
         f"server {info['pid']} (actor {actor_pid}) outlived its node's raylet"
     assert not http_ok(f"{info['url']}/health")
+
+
+def test_a_port_held_by_something_that_is_not_http_is_not_healthy():
+    """A port another process took between free_port() and the bind, answering bytes that are no HTTP status line:
+    not healthy (and no exception), so the replica tries another port."""
+    import socket
+    import threading
+
+    from harness.replica import http_ok
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+
+    def answer() -> None:
+        conn, _ = sock.accept()
+        conn.recv(1024)
+        conn.sendall(b"\x00\x01\xfe binary protocol\r\n\r\n")
+        conn.close()
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    assert http_ok(f"http://127.0.0.1:{sock.getsockname()[1]}/health", timeout=5) is False
+    thread.join(5)
+    sock.close()
