@@ -29,7 +29,6 @@ from harness.errors import HarnessError
 from harness.plan import Plan
 from harness.pools import Pool
 from harness.progress import Progress
-from harness.refstore import ResumeState
 from harness.resume import for_resume, trusted_lines
 from harness.run_config_file import write_config
 from harness.targets import Target, make_target
@@ -37,6 +36,7 @@ from harness.workload import describe as describe_workload
 from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles
 from records.lock import RunLock, RunLocked
+from records.resume import ResumeState
 from records.rundir import create_run_dir, discard_if_empty, load_config, new_run_id, update_latest, write_json
 from reports.gate import EXIT_HARNESS_FAILED, EXIT_PASS
 from reports.incidents import incident_lines
@@ -66,7 +66,7 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
                 run_id: str, resumed: bool, infos: dict[str, dict]) -> Progress:
     """Read each pool's /server_info (stopping where it contradicts the pool), write config.json, run the driver;
     return the final counters."""
-    state = ResumeState.read(run_dir)  # keys and summaries, not records (harness/refstore.py)
+    state = ResumeState.read(run_dir)  # keys and summaries, not records (records/resume.py)
     existing, existing_refs = state.candidates, state.references
     tokenizer = plan.tokenizer.name if plan.tokenizer is not None else "unknown"
     incidents = IncidentLog(run_dir)
