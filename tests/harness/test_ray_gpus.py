@@ -128,6 +128,18 @@ def test_a_plan_larger_than_the_cluster_exits_2_before_any_server_starts(gpu_clu
             "cluster has 8 GPUs, 10 CPUs on 3 node(s)") in err
 
 
+def test_a_directory_missing_on_a_replica_s_node_exits_2_before_any_server_starts(gpu_cluster, run, sglang_model,
+                                                                                   tmp_path, capsys):
+    missing = tmp_path / "drafters" / "none"
+    rc, recorded, _ = run("no-drafter", "--engine", "sglang", "--model", sglang_model, "--sglang-python",
+                          make_interpreter(tmp_path / "bin"), "--candidate-args",
+                          f"--speculative-draft-model-path {missing}")
+    err = capsys.readouterr().err
+    assert rc == EXIT_HARNESS_FAILED and not recorded, err
+    assert f"which hosts replica sglang-r0, has no {missing} (--speculative-draft-model-path in --candidate-args)" \
+        in err and "nothing was started" in err
+
+
 def test_cpu_replicas_see_no_gpu(gpu_cluster, run):
     rc, recorded, run_dir = run("cpu", "--device", "cpu", "--intervals", "16", "--block-size", "4")
     assert rc == EXIT_INCONCLUSIVE

@@ -35,7 +35,9 @@ def case(tmp_path) -> Case:
         refused=[(["--backend", "openai"], "--backend openai drives already-running servers"),
                  (["--candidate-args", "--mamba-track-interval 64"],
                   "--candidate-args: --mamba-track-interval is set by the harness"),
-                 (["--cover", "--suite", "load"], "--cover runs its own suite")],
+                 (["--cover", "--suite", "load"], "--cover runs its own suite"),
+                 (["--candidate-args", "--device cuda"], "--candidate-args: --device is set by the harness for "
+                  "each pool; use the harness flag --device (every pool and rank)")],
     )
 
 
