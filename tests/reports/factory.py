@@ -127,10 +127,10 @@ def synthetic_run(run_dir: Path, fault: bool, intervals=(128, 256), concurrencie
                 cand1 = [200 + j % 5 for j in range(12)] if stale else list(ref1)
                 margins = {}
                 if s >= 4 - soft_sessions and not stale:
-                    # a numerics flip: a near-tie within twice the fp32 tolerance (reports/numerics.py), no drift
-                    # before it, none measurable at it (see pair)
+                    # a numerics flip: a near-tie within twice the fp32 tolerance (reports/numerics.py; 2^-10, exact
+                    # in the records' float32), no drift before it, none measurable at it (see pair)
                     cand1[5] = 33
-                    margins = {5: 0.0015}
+                    margins = {5: 2.0 ** -10}
                 cached = interval
                 records += pair(p1, cand1, ref1, margins=margins, pool=pool, interval=interval, concurrency=conc,
                                 session_id=sid, turn=1, cached_tokens=cached, t_start=t + 0.5, e2e=0.6,
