@@ -15,6 +15,10 @@ match into split nodes and siblings' checkpoints at every concurrency.
     python -m workloads.frozen --write      # regenerate workloads/data/frozen.jsonl
     python -m workloads.frozen --check      # exit 1 if the committed file and the generator differ
     python -m workloads.frozen --describe   # coverage table
+
+Another target's suite, cut in its tokenizer (`--tokenizer`: a tokenizer.json or a model directory), for its
+intervals and block size: `--write --file F --tokenizer MODEL [--intervals 128,256 --block-size 8]`; `--check`
+and `--describe` of that file take the same flags.
 """
 
 from __future__ import annotations
@@ -206,9 +210,10 @@ def generate_frozen(intervals: tuple[int, ...] = DEFAULT_INTERVALS, block_size: 
     return [s for s in sessions if max_context is None or s.max_total_tokens() <= max_context]
 
 
-def check_file(path: Path) -> str | None:
-    """None when `path` holds exactly what the generator writes, else what differs."""
-    sessions = generate_frozen()
+def check_file(path: Path, **target) -> str | None:
+    """None when `path` holds exactly what the generator writes (for `target`: generate_frozen's keywords), else
+    what differs."""
+    sessions = generate_frozen(**target)
     expected = dumps_jsonl(sessions)
     try:
         actual = path.read_text(encoding="utf-8")
@@ -223,29 +228,46 @@ def check_file(path: Path) -> str | None:
     return f"{path}: {len(act_lines)} lines, the generator writes {len(exp_lines)}"
 
 
+def _target(args: argparse.Namespace) -> dict:
+    """generate_frozen's keywords from the CLI (the committed suite's own when no flag is given)."""
+    from protocol.hf_tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else BYTE_TOKENIZER
+    intervals = tuple(int(i) for i in args.intervals.split(","))
+    return {"intervals": intervals, "block_size": args.block_size, "tokenizer": tokenizer,
+            "max_context": args.max_context}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: --write, --check, --describe (on --file, default the committed suite)."""
+    """CLI: --write, --check, --describe (on --file, default the committed suite; --tokenizer for another
+    target's)."""
     ap = argparse.ArgumentParser(prog="python -m workloads.frozen", description=__doc__.splitlines()[0])
     ap.add_argument("--file", type=Path, default=FROZEN_PATH, help="the JSONL file (default: %(default)s)")
+    ap.add_argument("--tokenizer", help="the target's tokenizer: a tokenizer.json or a model directory (default: "
+                    "the built-in byte tokenizer)")
+    ap.add_argument("--intervals", default=",".join(map(str, DEFAULT_INTERVALS)), help="track intervals")
+    ap.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="DFlash block size B")
+    ap.add_argument("--max-context", type=int, default=None, help="leave out sessions that could outgrow it")
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="regenerate the file")
     mode.add_argument("--check", action="store_true", help="exit 1 if the file differs from the generator")
     mode.add_argument("--describe", action="store_true", help="print the coverage table")
     args = ap.parse_args(argv)
+    target = _target(args)
     if args.write:
-        sessions = generate_frozen()
+        sessions = generate_frozen(**target)
         args.file.write_text(dumps_jsonl(sessions), encoding="utf-8")
         print(f"wrote {len(sessions)} sessions to {args.file}")
         return 0
     if args.check:
-        problem = check_file(args.file)
+        problem = check_file(args.file, **target)
         if problem:
-            print(f"{problem}; run `python -m workloads.frozen --write` if the generator change is intended",
-                  file=sys.stderr)
+            print(f"{problem}; run `python -m workloads.frozen --write` (with the same flags) if the generator "
+                  "change is intended", file=sys.stderr)
             return 1
         print(f"{args.file}: matches the generator")
         return 0
-    print(describe(validate_file(args.file)))
+    print(describe(validate_file(args.file, tokenizer=target["tokenizer"], max_context=args.max_context)))
     return 0
 
 
