@@ -3,11 +3,13 @@
 The patch sets call `verify` at the end of `_update_target_mamba_state_after_verify`, once SGLang has computed
 the step it tracks into each request's checkpoint buffer (-1: none). One line per request per verify step:
 
-    [specgate-verify] {"input": "3f2a9c01d4e5", "prompt_len": 200, "pre": 255, "commit": 3, "tracked": 0}
+    [specgate-verify] {"input": "3f2a9c01d4e5a6b7", "prompt_len": 200, "pre": 255, "commit": 3, "tracked": 0}
 
-`input` is `input_digest` of the request's prompt ids, so a test can find a harness record's verify steps without
-a request id (the harness sends none). This is ground truth from inside the server, next to the harness's own
-inference from positions. Test setup only; standard library and torch tensors only.
+`input` is the request's prompt ids hashed as the harness hashes them (records/rundir.py input_hash: sha256 of
+the JSON list, 16 hex digits), so a harness record's verify steps are found by its `input_hash` (the harness
+sends no request id). A step with pre >= prompt_len + max_new - 1 produced no output: the overlap scheduler
+launched it before the request's end was known. This is ground truth from inside the server, next to the
+harness's own inference from positions. Test setup only; standard library and torch tensors only.
 """
 
 from __future__ import annotations
@@ -21,26 +23,26 @@ PREFIX = "[specgate-verify] "
 
 
 def input_digest(ids) -> str:
-    """12 hex digits naming a prompt's token ids."""
-    return hashlib.sha1(",".join(str(int(i)) for i in ids).encode()).hexdigest()[:12]
+    """The harness's input_hash of a prompt's token ids."""
+    return hashlib.sha256(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
 
 
 def verify(batch, seq_lens_pre_verify, commit_lens, steps_to_track) -> None:
-    """Log each request's verify step (nothing unless SPECGATE_HYBRID_TRACE=1)."""
+    """Log each request's verify step (nothing unless SPECGATE_HYBRID_TRACE=1). Never raises into SGLang's verify:
+    a failure is logged as `[specgate-verify-error]`, which a reader of the trace can look for."""
     if os.environ.get("SPECGATE_HYBRID_TRACE") != "1":
         return
-    pre = [int(x) for x in seq_lens_pre_verify.tolist()]
-    commit = [int(x) for x in commit_lens.tolist()]
-    tracked = [-1] * len(pre) if steps_to_track is None else [int(x) for x in steps_to_track.tolist()]
-    lines = []
-    for req, p, c, t in zip(batch.reqs, pre, commit, tracked, strict=True):
-        ids = req.origin_input_ids
-        lines.append(PREFIX + json.dumps({"input": input_digest(ids), "prompt_len": len(ids), "pre": p,
-                                          "commit": c, "tracked": t}))
-    print("\n".join(lines), file=sys.stderr, flush=True)
-
-
-def read(log_text: str) -> list[dict]:
-    """The verify lines of a server log, in order."""
-    return [json.loads(line[line.index(PREFIX) + len(PREFIX):]) for line in log_text.splitlines()
-            if PREFIX in line]
+    try:
+        pre = [int(x) for x in seq_lens_pre_verify.tolist()]
+        commit = [int(x) for x in commit_lens.tolist()]
+        tracked = [-1] * len(commit) if steps_to_track is None else [int(x) for x in steps_to_track.tolist()]
+        lines = []
+        # commit_lens covers the batch's first len(commit) requests (SGLang slices req_pool_indices the same way)
+        for req, p, c, t in zip(batch.reqs, pre, commit, tracked, strict=False):
+            ids = req.origin_input_ids
+            lines.append(PREFIX + json.dumps({"input": input_digest(ids), "rid": str(req.rid), "prompt_len": len(ids),
+                                              "max_new": req.sampling_params.max_new_tokens, "pre": p, "commit": c,
+                                              "tracked": t}))
+        print("\n".join(lines), file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - observation must not change what it observes
+        print(f"[specgate-verify-error] {e!r}", file=sys.stderr, flush=True)
