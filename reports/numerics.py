@@ -15,10 +15,11 @@ the most it was measured to move a log-prob, which is the largest of
 * the pool's drift tolerance (the calibrated one, 4x its controls' drift; else the run's): the per-position move
   the gate already accepts as numerics on same tokens, so a flip within twice it must be accepted as well.
 
-A flip beyond it (measured on vLLM's CPU build: Mamba2 with n-gram speculation flips 74 of 74 requests at their
-first verify step at margins up to 3.44 where every drift is 0) is decisive: hard, gated, never soft and never
-path numerics, whatever the pool restored; the verdict says, per pool, margin against reach. So is a flip that
-leaves nothing to weigh: one output a strict prefix of the other, or no reference top-2 at the flip.
+A flip beyond it (measured on vLLM's CPU build: a tiny fp32 Mamba2 with n-gram speculation flips 74 of 74 requests
+at their first verify step, at reference margins 0.021 to 20.8, where no turn moved a log-prob by more than 3.1e-05
+before its flip) is decisive: hard, gated, never soft and never path numerics, whatever the pool restored; the
+verdict says, per pool, margin against reach. So is a flip that leaves nothing to weigh: one output a strict
+prefix of the other, or no reference top-2 at the flip.
 SWAP_FACTOR is the bound itself, not a safety margin: the reach is already the largest move seen anywhere on the
 path (every position of every turn that restored nothing, the controls' turns) or the calibrated tolerance, which
 holds 4x headroom over the controls, so a flip needing more than twice it needs a move no position of the path
@@ -34,7 +35,6 @@ from dataclasses import dataclass
 import pandas as pd
 
 SWAP_FACTOR = 2.0  # a gap between two tokens moves by at most twice the largest move of either log-prob
-DECISIVE_DETAIL = "margin"  # the start of a decisive flip's detail (as the oracle's margin details)
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def decisive_text(margin: float | None, scale: NumericsScale) -> str:
     """Why one flip is not numerics: its margin against twice the path's reach."""
     if margin is None:
         return "no reference margin to weigh at the flip: not numerics"
-    return (f"{DECISIVE_DETAIL} {margin:.4g} > {SWAP_FACTOR:g} x {scale.reach:.3g}, the most this path's numerics "
+    return (f"margin {margin:.4g} > {SWAP_FACTOR:g} x {scale.reach:.3g}, the most this path's numerics "
             f"move a log-prob ({scale.evidence()}): not numerics")
 
 
