@@ -4,7 +4,9 @@ release's set touches, the #37818 fix, and that each set applies to the release 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -119,3 +121,36 @@ def test_make_sglang_refuses_a_set_that_does_not_apply_and_builds_a_release_with
     assert "does not apply" in err and "sglang/srt/arg_groups/mamba_hook.py is not installed" in err
     assert venv.report_patches("0.4.0", tmp_path) == 0
     assert "SGLang 0.4.0: no hybrid patch set" in capsys.readouterr().out
+
+
+HOOKED = '''
+import inspect, json, sys
+import hybrid_hook, patchset
+diff = """--- a/fakesg/mod.py
++++ b/fakesg/mod.py
+@@ -1,3 +1,4 @@
+ def f():
+-    return 1
++    # patched
++    return 2
+
+"""
+sys.meta_path.insert(0, hybrid_hook._Finder(patchset.by_module(patchset.parse_diff(diff, "t.diff")), "9.9"))
+import fakesg.mod as m
+print(json.dumps({"f": m.f(), "source": inspect.getsource(m.f), "file": m.__file__}))
+'''
+
+
+def test_the_import_hook_runs_the_patched_source_and_shows_it(tmp_path):
+    """A patched module runs its patched source under its own file name, and `inspect` (which Triton's JIT reads a
+    kernel's source with) sees the patched lines, not the file's."""
+    (tmp_path / "fakesg").mkdir()
+    (tmp_path / "fakesg" / "__init__.py").write_text("")
+    (tmp_path / "fakesg" / "mod.py").write_text("def f():\n    return 1\n\n")
+    proc = subprocess.run([sys.executable, "-c", HOOKED], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{HERE / 'hybrid' / 'pypath'}"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"f": 2, "source": "def f():\n    # patched\n    return 2\n",
+                   "file": str(tmp_path / "fakesg" / "mod.py")}
+    assert "patched fakesg.mod (t.diff)" in proc.stderr
