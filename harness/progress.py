@@ -1,10 +1,13 @@
 """Live progress of a run: counters of candidates, references, errors, mismatches and retries, one line per
-finished sweep point whose counts add up, and lines while replicas start (printed with --no-progress too)."""
+finished sweep point whose counts add up, and lines while replicas start (printed with --no-progress too).
+Without a live bar (off a terminal, or --no-progress) a line of the counters is printed every `heartbeat`
+seconds, so a long run in a CI log never looks hung."""
 
 from __future__ import annotations
 
 import shutil
 import sys
+import threading
 import time
 
 from tqdm import tqdm
@@ -13,8 +16,8 @@ from tqdm import tqdm
 class Progress:
     """Counters of the run so far, shown as a live tqdm bar (or per-sweep-point lines only)."""
 
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
-        self.enabled = enabled
+    def __init__(self, total: int, initial: int, enabled: bool, heartbeat: float | None = None) -> None:
+        self.enabled, self.total, self.t0 = enabled, total, time.monotonic()
         self.done = initial  # candidate records, including those of an earlier (resumed) process
         self.errors = self.mismatches = self.retries = self.references = 0
         self.points: list = []  # the PointCounts of every sweep point this process finished
@@ -22,6 +25,23 @@ class Progress:
         size = shutil.get_terminal_size((110, 24))
         self.bar = tqdm(total=total, initial=initial, disable=not enabled, unit="req", desc="candidates",
                         ncols=size.columns, nrows=size.lines)
+        self._stop = threading.Event()
+        self._beat = None
+        if heartbeat and not enabled:
+            self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat,), daemon=True,
+                                          name="specgate-progress")
+            self._beat.start()
+
+    def line(self, now: float | None = None) -> str:
+        """The counters so far, as one line (what the heartbeat prints)."""
+        elapsed = (time.monotonic() if now is None else now) - self.t0
+        return (f"progress {elapsed // 60:.0f}m{elapsed % 60:02.0f}s: {self.done}/{self.total} candidates answered, "
+                f"{self.references} references, {self.mismatches} with other tokens than their reference (the "
+                f"verdict also judges log-prob drift), {self.errors} errors, {self.retries} retries")
+
+    def _heartbeat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            print(self.line(), flush=True)
 
     def _refresh(self) -> None:
         if not self.enabled:  # tqdm formats the postfix even for a disabled bar: per request, client CPU
@@ -73,6 +93,9 @@ class Progress:
             print(line, flush=True)
 
     def close(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(5)
         self.bar.close()
 
 

@@ -44,6 +44,7 @@ from reports.render import render_run
 
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C); the run can be finished with --resume
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15, the shell's convention); finished with --resume too
+HEARTBEAT_S = 30.0  # without a live bar, a line of the counters this often: a CI log must not look hung
 
 
 class Terminated(KeyboardInterrupt):
@@ -81,8 +82,8 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
         write_config(run_dir, cfg, target, run_id, plan, [*cands, ref], resumed, type(ref.backend).window_unprobed)
         sessions = {p.name: p.sessions for p in plan.candidates}
         recorded = sum(1 for k in existing if any(k.startswith(p.name + "-c") for p in plan.candidates))
-        progress = Progress(plan.total_candidate_requests, recorded,
-                            enabled=not cfg.no_progress and sys.stderr.isatty())
+        live = not cfg.no_progress and sys.stderr.isatty()
+        progress = Progress(plan.total_candidate_requests, recorded, enabled=live, heartbeat=HEARTBEAT_S)
         files = RecordFiles(run_dir, set(existing) | {f"ref/{h}" for h in existing_refs})
         driver = Driver(run_id=run_id, concurrency=cfg.concurrency, candidates=cands, reference=ref, files=files,
                         http=http, progress=progress, existing=existing, existing_refs=existing_refs,

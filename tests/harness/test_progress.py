@@ -71,3 +71,28 @@ def test_point_lines_and_summary_add_up(capsys):
         "candidates: 2 recorded; this process sent 7 (6 answered, 1 failed), skipped 1 (an earlier turn failed), "
         "left 4 unsent (points stopped early); 3 warmup requests (not gated); 0 mismatches (output ids differ "
         "from the reference), 0 retries")
+
+
+def test_without_a_live_bar_a_line_of_the_counters_comes_every_heartbeat(capsys):
+    """Off a terminal (a CI log) the counters are printed on a timer, so a long sweep point never looks hung."""
+    import time
+
+    progress = Progress(total=10, initial=2, enabled=False, heartbeat=0.05)
+    progress.candidate({"error": None})
+    progress.mismatch()
+    time.sleep(0.3)
+    progress.close()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("progress ")]
+    assert len(lines) >= 2
+    assert "3/10 candidates answered" in lines[-1] and "1 with other tokens than their reference" in lines[-1]
+    time.sleep(0.15)
+    assert not capsys.readouterr().out  # closed: no more lines
+
+
+def test_a_live_bar_prints_no_heartbeat(capsys):
+    import time
+
+    progress = Progress(total=10, initial=0, enabled=True, heartbeat=0.05)
+    time.sleep(0.2)
+    progress.close()
+    assert "progress " not in capsys.readouterr().out
