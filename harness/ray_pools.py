@@ -15,6 +15,7 @@ multi-node cluster.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -129,6 +130,9 @@ class RayPools:
                 print("starting a local Ray (no --address / RAY_ADDRESS)")
                 # a short path: Ray's socket names under it must fit the 107-byte limit of a Unix socket
                 self.temp_dir = tempfile.mkdtemp(prefix="specgate-ray-", dir="/tmp" if os.name == "posix" else None)
+                # Ray turns token authentication on for a new local cluster, the safe default, and warns that it
+                # did on every run; the harness keeps the default and drops the warning
+                logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
                 ray.init(address="local", _temp_dir=self.temp_dir, num_cpus=self.cfg.num_cpus or self.local_cpus(),
                          include_dashboard=False, log_to_driver=False)
         finally:

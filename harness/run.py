@@ -250,7 +250,9 @@ def _run(cfg: RunConfig, target: Target, run_dir: Path, probed: tuple[Plan, dict
     try:
         print(f"run directory: {run_dir}")
         if probed[0].skipped_sessions:
-            print(f"note: {probed[0].skipped_sessions} session(s) target an interval with no pool; they are skipped")
+            gated = sorted({p.engine.interval for p in probed[0].candidates if p.engine.interval})
+            print(f"workload: {probed[0].skipped_sessions} of the suite's sessions are written for other intervals "
+                  f"than this run gates ({', '.join(map(str, gated)) or 'none'}); they are not sent")
         progress = execute(target, run_dir, run_dir.name, probed)
     except (HarnessError, FileExistsError, RequestError) as e:
         print(f"specgate: error: {e}", file=sys.stderr)
