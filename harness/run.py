@@ -134,6 +134,8 @@ def render(run_dir: Path, cfg: RunConfig) -> int:
               file=sys.stderr)
         return EXIT_HARNESS_FAILED
     print(verdict.headline)
+    for line in verdict.reasons:  # why it failed: each threshold passed, and per pool why numerics cannot explain it
+        print(f"  - {line}")
     for line in verdict.unexercised:  # INCONCLUSIVE: what was not exercised, and what to change
         print(f"  not exercised: {line}")
     incidents = load_incidents(run_dir)
