@@ -1,4 +1,14 @@
-"""junit.xml: one testcase per session per sweep point; hard mismatches, drift and errors fail it."""
+"""junit.xml: a testsuite per sweep point of each gated pool, a testcase per request (one turn of a session), and
+a testcase for the run as a whole.
+
+A request's testcase fails where the verdict flags it (hard mismatch, drift) and errs where the request failed, so
+junit.xml's failures and errors are the verdict's flagged and failed requests: the counts of the terminal's
+`FAIL: 9 hard mismatches, 21 drift (30/74 requests), 0 errors` line and of report.html. A soft flip passes, with
+its text on system-out. The `specgate.run` testcase holds the verdict and its reasons; it fails only where the
+gate did not pass and no request's testcase says so (a soft-flip rate over the limit, INCONCLUSIVE), so a
+pipeline that reads junit.xml never passes a run the gate failed. A calibration control is never a testcase (it
+is not judged).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +18,11 @@ from pathlib import Path
 import pandas as pd
 
 from records.schema import point_label
+from reports.controls import is_control
 from reports.escape import xml_safe
 from reports.results import case_text, value_or_none
+
+VERDICT_SUITE = "specgate"
 
 
 def sweep_point(pool, concurrency, key=None) -> str:
@@ -25,11 +38,10 @@ def sweep_point(pool, concurrency, key=None) -> str:
 _BRIEF = ["key", "pool", "concurrency", "session_id", "turn", "e2e", "class"]
 
 
-def _points(df: pd.DataFrame) -> dict[str, dict[str, list[dict]]]:
-    """sweep point -> session -> its rows: the few columns a testcase needs, and whole rows (as to_dict gives
-    them) only for the turns whose text is written (hard, drift, error, soft); the frame is not turned into
-    dicts. Grouped in Python: pandas groupby + to_dict per session is ~25 ms a group."""
-    points: dict[str, dict[str, list[dict]]] = {}
+def _points(df: pd.DataFrame) -> dict[str, list[dict]]:
+    """sweep point -> its requests: the few columns a testcase needs, and whole rows (as to_dict gives them) only
+    for the requests whose text is written (hard, drift, error, soft); the frame is not turned into dicts."""
+    points: dict[str, list[dict]] = {}
     if not len(df):
         return points
     cols = {c: df[c].tolist() for c in _BRIEF}
@@ -37,48 +49,75 @@ def _points(df: pd.DataFrame) -> dict[str, dict[str, list[dict]]]:
     whole = dict(zip(texts, df.iloc[texts].to_dict("records"), strict=True)) if texts else {}
     for i in range(len(df)):
         r = whole.get(i) or {c: cols[c][i] for c in _BRIEF}
-        sessions = points.setdefault(sweep_point(r["pool"], r["concurrency"], r["key"]), {})
-        sessions.setdefault(str(r["session_id"]), []).append(r)
+        points.setdefault(sweep_point(r["pool"], r["concurrency"], r["key"]), []).append(r)
     return points
 
 
-def junit_tree(df: pd.DataFrame, run_id: str = "specgate") -> ET.ElementTree:
-    """Build the JUnit tree: a testsuite per sweep point, a testcase per session, failures for hard, drift and
-    error turns."""
-    points = _points(df)
+def _case(suite: ET.Element, classname: str, r: dict) -> tuple[int, int, float]:
+    """One request's testcase; (failures, errors, seconds) it adds."""
+    time = value_or_none(r["e2e"]) or 0.0
+    name = xml_safe(f"{r['session_id']}/{value_or_none(r['turn'])}")
+    case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{time:.3f}")
+    if r["class"] in ("hard", "drift"):
+        failure = ET.SubElement(case, "failure", type=r["class"], message=xml_safe(case_text(r)))
+        failure.text = xml_safe(f"{r['key']}: {case_text(r)}")
+        return 1, 0, time
+    if r["class"] == "error":
+        error = ET.SubElement(case, "error", type="error", message=xml_safe(case_text(r)))
+        error.text = xml_safe(f"{r['key']}: {case_text(r)}")
+        return 0, 1, time
+    out = f"{r['key']}: {r['class']}"
+    if r["class"] == "soft":
+        out += f"\nsoft flip (numerics; counted in the soft-flip rate): {case_text(r)}"
+    ET.SubElement(case, "system-out").text = xml_safe(out)
+    return 0, 0, time
+
+
+def _verdict_suite(root: ET.Element, verdict, requests_failed: bool) -> int:
+    """The testsuite holding the run's verdict; the failures it adds (1 where the gate did not pass and no request's
+    testcase failed)."""
+    suite = ET.SubElement(root, "testsuite", name=VERDICT_SUITE, tests="1", errors="0", time="0.000")
+    case = ET.SubElement(suite, "testcase", classname=VERDICT_SUITE, name="run", time="0.000")
+    lines = [verdict.headline, *verdict.reasons, *(f"not exercised: {u}" for u in verdict.unexercised)]
+    failed = verdict.word != "PASS" and not requests_failed
+    if failed:
+        failure = ET.SubElement(case, "failure", type=verdict.word, message=xml_safe(verdict.headline))
+        failure.text = xml_safe("\n".join(lines))
+    else:
+        ET.SubElement(case, "system-out").text = xml_safe("\n".join(lines))
+    suite.set("failures", str(int(failed)))
+    return int(failed)
+
+
+def junit_tree(df: pd.DataFrame, run_id: str = "specgate", verdict=None) -> ET.ElementTree:
+    """Build the JUnit tree: a testsuite per sweep point of each gated pool with a testcase per request, and (given
+    the verdict) the `specgate` suite with the verdict's testcase."""
+    gated = df[~df["pool"].map(is_control).astype(bool)] if len(df) else df
+    points = _points(gated)
     # Every attribute and text goes through xml_safe: a server's control bytes must not make the file ill-formed.
     root = ET.Element("testsuites", name=xml_safe(f"specgate {run_id}"))
-    total_tests = total_failures = 0
+    tests = failures = errors = 0
     total_time = 0.0
     for classname in sorted(points):
         suite = ET.SubElement(root, "testsuite", name=classname)
-        failures = 0
-        suite_time = 0.0
-        for session in sorted(points[classname]):
-            rows = sorted(points[classname][session], key=lambda r: (value_or_none(r["turn"]) or 0))
-            time = sum(value_or_none(r["e2e"]) or 0.0 for r in rows)
-            case = ET.SubElement(suite, "testcase", classname=classname, name=xml_safe(session), time=f"{time:.3f}")
-            bad = [r for r in rows if r["class"] in ("hard", "drift", "error")]
-            if bad:
-                kinds = sorted({r["class"] for r in bad})
-                failure = ET.SubElement(case, "failure", type="+".join(kinds), message=xml_safe(case_text(bad[0])))
-                failure.text = xml_safe("\n".join(case_text(r) for r in bad))
-                failures += 1
-            out = [f"{r['key']}: {r['class']}" for r in rows]
-            out += [f"soft flip (not a failure): {case_text(r)}" for r in rows if r["class"] == "soft"]
-            ET.SubElement(case, "system-out").text = xml_safe("\n".join(out))
-            suite_time += time
-        tests = len(points[classname])
-        suite.attrib.update(tests=str(tests), failures=str(failures), errors="0", time=f"{suite_time:.3f}")
-        total_tests += tests
-        total_failures += failures
-        total_time += suite_time
-    root.attrib.update(tests=str(total_tests), failures=str(total_failures), errors="0", time=f"{total_time:.3f}")
+        counts = [0, 0, 0.0]
+        rows = sorted(points[classname], key=lambda r: (str(r["session_id"]), value_or_none(r["turn"]) or 0))
+        for r in rows:
+            f, e, t = _case(suite, classname, r)
+            counts = [counts[0] + f, counts[1] + e, counts[2] + t]
+        suite.attrib.update(tests=str(len(rows)), failures=str(counts[0]), errors=str(counts[1]),
+                            time=f"{counts[2]:.3f}")
+        tests, failures, errors, total_time = tests + len(rows), failures + counts[0], errors + counts[1], \
+            total_time + counts[2]
+    if verdict is not None:
+        failures += _verdict_suite(root, verdict, failures + errors > 0)
+        tests += 1
+    root.attrib.update(tests=str(tests), failures=str(failures), errors=str(errors), time=f"{total_time:.3f}")
     ET.indent(root)
     return ET.ElementTree(root)
 
 
-def write_junit(df: pd.DataFrame, path: str | Path, run_id: str = "specgate") -> Path:
-    """Write junit.xml for the requests frame."""
-    junit_tree(df, run_id).write(path, encoding="utf-8", xml_declaration=True)
+def write_junit(df: pd.DataFrame, path: str | Path, run_id: str = "specgate", verdict=None) -> Path:
+    """Write junit.xml for the requests frame (and the run's verdict)."""
+    junit_tree(df, run_id, verdict).write(path, encoding="utf-8", xml_declaration=True)
     return Path(path)

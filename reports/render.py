@@ -217,7 +217,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
                                 thresholds.drift_tolerance)
     write_html(run_dir / "report.html", results)
     (run_dir / "summary.md").write_text(render_summary(results), encoding="utf-8")
-    write_junit(df, run_dir / "junit.xml", run_id=results.run_id)
+    write_junit(df, run_dir / "junit.xml", run_id=results.run_id, verdict=results.verdict)
     for w in results.warnings:
         print(f"warning: {w}", file=sys.stderr)
     return results.verdict

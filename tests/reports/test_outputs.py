@@ -80,25 +80,41 @@ def test_boundaries_show_the_restored_verify_signature(fault_run):
     assert set(hard["key"]) == set(req[req["restored_verify_crossed"]]["key"])
 
 
-def test_junit_has_one_testcase_per_session_and_sweep_point(fault_run):
+def test_junit_has_one_testcase_per_request_and_counts_as_the_verdict_does(fault_run):
+    """33 requests: failures = the verdict's 4 flagged (hard) requests, errors = its 1 failed request, soft flips
+    pass; the run's own testcase passes, since the request testcases already fail the run."""
     run_dir, _ = fault_run
     root = ET.parse(run_dir / "junit.xml").getroot()
     cases = root.findall(".//testcase")
-    assert len(cases) == 17  # 4 sweep points x 4 sessions + the failed request's session
-    assert (root.get("tests"), root.get("failures")) == ("17", "5")
-    suites = {s.get("name"): (s.get("tests"), s.get("failures")) for s in root.findall("testsuite")}
-    assert suites == {"i128.c1": ("4", "1"), "i128.c4": ("4", "1"), "i256.c1": ("5", "2"), "i256.c4": ("4", "1")}
+    assert len(cases) == 34  # 33 requests + the run
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("34", "4", "1")
+    suites = {s.get("name"): (s.get("tests"), s.get("failures"), s.get("errors")) for s in root.findall("testsuite")}
+    assert suites == {"i128.c1": ("8", "1", "0"), "i128.c4": ("8", "1", "0"), "i256.c1": ("9", "1", "1"),
+                      "i256.c4": ("8", "1", "0"), "specgate": ("1", "0", "0")}
     failed = {(c.get("classname"), c.get("name")): c.find("failure") for c in cases if c.find("failure") is not None}
-    assert set(failed) == {("i128.c1", "frozen-i128-0"), ("i128.c4", "frozen-i128-0"), ("i256.c1", "frozen-i256-0"),
-                           ("i256.c4", "frozen-i256-0"), ("i256.c1", "broken")}
-    hard = failed[("i256.c1", "frozen-i256-0")]
+    assert set(failed) == {("i128.c1", "frozen-i128-0/1"), ("i128.c4", "frozen-i128-0/1"),
+                           ("i256.c1", "frozen-i256-0/1"), ("i256.c4", "frozen-i256-0/1")}
+    hard = failed[("i256.c1", "frozen-i256-0/1")]
     assert hard.get("type") == "hard"
     assert "output index 0" in hard.get("message") and "restored checkpoint at 256" in hard.get("message")
     assert "verify step 1 of commit 3 (NOT tracked)" in hard.get("message")
-    assert failed[("i256.c1", "broken")].get("type") == "error"
-    soft = [c for c in cases if c.get("name") == "frozen-i256-3" and c.get("classname") == "i256.c1"][0]
-    assert soft.find("failure") is None
-    assert "soft flip (not a failure)" in soft.find("system-out").text
+    errored = [c for c in cases if c.find("error") is not None]
+    assert [(c.get("classname"), c.get("name")) for c in errored] == [("i256.c1", "broken/0")]
+    soft = [c for c in cases if c.get("name").startswith("frozen-i256-3/") and c.get("classname") == "i256.c1"]
+    assert soft and all(c.find("failure") is None for c in soft)
+    run = [c for c in cases if c.get("classname") == "specgate"][0]
+    assert run.find("failure") is None and run.find("system-out").text.startswith("FAIL: 4 hard mismatches")
+
+
+def test_junit_fails_the_run_testcase_where_no_request_carries_the_failure(tmp_path):
+    """A gate failed by the soft-flip rate alone: no request's testcase fails, the run's does, with the reasons."""
+    run_dir = synthetic_run(tmp_path / "run", fault=False, soft_sessions=1)
+    proc = render_cli(run_dir, "--max-soft-rate", "0")
+    assert proc.returncode == 1 and proc.stdout.startswith("FAIL: 0 hard mismatches, 0 drift"), proc.stdout
+    root = ET.parse(run_dir / "junit.xml").getroot()
+    assert (root.get("failures"), root.get("errors")) == ("1", "0")
+    run = [c for c in root.iter("testcase") if c.get("classname") == "specgate"][0]
+    assert run.find("failure").get("type") == "FAIL" and "soft" in run.find("failure").text
 
 
 def test_html_is_self_contained_verdict_first_and_escaped(fault_run):
