@@ -74,7 +74,7 @@ class Executor:
 
     def _sampled(self, r, pre: int, logits) -> ReqResult:
         """Sample the next token from logits [1, V]; discarded if r had already finished (an overlapped step)."""
-        token = sample(logits[0], r.req.sampling.temperature, r.generator)
+        token = sample(logits[0], r.req.sampling, r.generator, r.generated)
         r.pending = token
         if r.device_finished:
             return ReqResult(r, pre, [token], logits, discarded=True)

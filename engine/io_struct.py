@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. temperature 0 is greedy; > 0 samples with `seed`."""
+    """How to pick tokens (SGLang's sampling parameters; engine/sampling.py applies them).
+
+    temperature 0 (below 1e-6) is greedy; above it a draw with `seed`. The defaults change nothing: a request
+    that sets none of the filters, penalties, bias or bans is sampled exactly as plain softmax / argmax.
+    """
 
     temperature: float = 0.0
     max_new_tokens: int = 128
@@ -19,9 +23,19 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     stop: tuple[str, ...] = ()  # stop strings, matched on decoded output text
     seed: int | None = None
-    # no stop condition (EOS, stop_token_ids, stop strings) ends the request before this many tokens
-    # (vLLM's min_tokens / SGLang's min_new_tokens); the length limit still applies
+    # before this many tokens no stop condition ends the request and EOS and the stop tokens are not sampled
+    # (SGLang's min_new_tokens / vLLM's min_tokens); the length limit still applies
     min_new_tokens: int = 0
+    top_p: float = 1.0  # sample from the smallest set of most likely tokens whose mass reaches top_p
+    top_k: int = -1  # sample from the k most likely tokens; -1 or 0: all
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one's probability
+    # penalties over the tokens generated so far (not the prompt, as SGLang)
+    frequency_penalty: float = 0.0  # subtracted from a token's logit once per occurrence
+    presence_penalty: float = 0.0  # subtracted once if the token occurred
+    repetition_penalty: float = 1.0  # a positive logit of an occurred token is divided by it, a negative multiplied
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be sampled (vLLM)
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never completed in the output (vLLM)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -31,6 +45,13 @@ class SamplingParams:
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError(f"min_new_tokens must be in 0..max_new_tokens ({self.max_new_tokens}), "
                              f"got {self.min_new_tokens}")
+        if not 0 < self.top_p <= 1 or self.top_k < -1 or not 0 <= self.min_p <= 1 or self.repetition_penalty <= 0:
+            raise ValueError(f"need 0 < top_p <= 1, top_k >= -1, 0 <= min_p <= 1, repetition_penalty > 0; got "
+                             f"{self.top_p}, {self.top_k}, {self.min_p}, {self.repetition_penalty}")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty (None allows every token)")
+        if any(not w for w in self.bad_words):
+            raise ValueError("a bad word must have at least one token")
 
 
 @dataclass(frozen=True)

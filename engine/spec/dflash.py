@@ -22,7 +22,7 @@ import torch
 
 from engine.faults import CONV_NOT_TRACKED, CONV_ROLLBACK_WRONG_STEP, STALE_SEQ_LENS, TRACK_OFF_BY_ONE, active
 from engine.req import Req
-from engine.sampling import GREEDY_BELOW, probs
+from engine.sampling import GREEDY_BELOW, block_logits, probs
 from engine.schedule_batch import ReqResult
 from engine.spec.accept import greedy_accept_len, rejection_sample
 from engine.spec.scripted import scripted_drafts
@@ -61,12 +61,13 @@ class DFlashWorker:
     def _accept(self, r: Req, pre: int, drafts: list[int], logits: torch.Tensor) -> ReqResult:
         """Accepted drafts + bonus, cut where the request finishes; advances r's device view."""
         sp = r.req.sampling
+        rows = block_logits(logits, sp, r.generated, drafts)  # penalties and bans as decoding would see them
         if sp.temperature < GREEDY_BELOW:
-            argmax = logits.argmax(-1).tolist()
+            argmax = rows.argmax(-1).tolist()
             n = greedy_accept_len(drafts, argmax)
             emitted = drafts[:n] + [argmax[n]]
         else:
-            emitted = rejection_sample(drafts, probs(logits, sp.temperature), r.generator)
+            emitted = rejection_sample(drafts, probs(rows, sp), r.generator)
         discarded = r.device_finished  # an overlapped step of a request that already ended: run, then discard
         if discarded:
             keep, finish = len(emitted), None

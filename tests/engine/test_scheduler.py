@@ -227,8 +227,9 @@ FINISH_CASES = [
     ("stop-string-first-listed", dict(max_new_tokens=9, stop=("zz", "b", "ab")), ids("xab"), 2,
      {"type": "stop", "matched": "b"}),
     ("stop-beats-length", dict(max_new_tokens=2), [65, EOS_ID], 1, {"type": "stop", "matched": EOS_ID}),
-    ("min-new-tokens-holds-eos", dict(max_new_tokens=4, min_new_tokens=2), [EOS_ID, EOS_ID, 65], 1,
-     {"type": "stop", "matched": EOS_ID}),
+    # before min_new_tokens a stop string does not end it (EOS and stop tokens are not even sampled: test_sampling)
+    ("min-new-tokens-defers-stop-strings", dict(max_new_tokens=5, min_new_tokens=3, stop=("A",)), [65, 65, 65, 66],
+     2, {"type": "stop", "matched": "A"}),
     ("one-token-limit", dict(max_new_tokens=1), [65, 66], 0, {"type": "length", "length": 1}),
 ]
 
