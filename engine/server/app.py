@@ -18,6 +18,7 @@ import time
 from aiohttp import web
 
 from engine.server.format import GenerateStream, generate_answer, sse
+from engine.server.generate_params import parse_generate
 from engine.server.metrics import peer_spec_metrics
 from engine.server.metrics import render as render_metrics
 from engine.server.openai import add_openai_routes
@@ -31,7 +32,7 @@ from engine.server.state import (
     state_of,
     stream_events,
 )
-from engine.server.validate import ApiError, parse_generate
+from engine.server.validate import ApiError
 
 log = logging.getLogger("specgate.server")
 

@@ -20,7 +20,7 @@ from engine.server.format import finite, output_text, token_str
 from engine.server.openai_answer import DeltaStream, finish_reason, token_name, usage
 from engine.server.openai_params import (
     CHAT_FIELDS,
-    CHAT_NOOPS,
+    CHAT_REFUSED,
     AnswerOptions,
     build_call,
     check_common,
@@ -86,7 +86,7 @@ def render_chat(messages: list[tuple[str, str]], add_generation_prompt: bool = T
 
 def parse_chat(body: dict, limits: Limits) -> tuple[GenerateCall, AnswerOptions]:
     """The engine call and answer options of a /v1/chat/completions body."""
-    check_common(body, CHAT_FIELDS, CHAT_NOOPS)
+    check_common(body, CHAT_FIELDS, CHAT_REFUSED)
     add_prompt = get_bool(body, "add_generation_prompt", "add_generation_prompt", True)
     cont = get_bool(body, "continue_final_message", "continue_final_message", False)
     messages = checked_messages(body.get("messages"))
@@ -145,7 +145,8 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
         if call.stream:
             return await stream_events(request, first, agen, ChatStream(head, call, opts).events)
         out = await final_output(request, first, agen)
-    choice = {"index": 0, "message": {"role": "assistant", "content": output_text(out, call.skip_special_tokens)},
+    choice = {"index": 0, "message": {"role": "assistant",
+                                           "content": output_text(out, call.skip_special_tokens, call.no_stop_trim)},
               "logprobs": chat_logprobs(out, 0, opts) if opts.logprobs is not None else None,
               "finish_reason": finish_reason(out)}
     answer = dict(head, object="chat.completion", system_fingerprint=None, choices=[choice], usage=usage(out))

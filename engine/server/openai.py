@@ -23,7 +23,7 @@ from engine.server.format import finite, output_text, text_offsets
 from engine.server.openai_answer import DeltaStream, finish_reason, token_name, usage
 from engine.server.openai_params import (
     COMPLETION_FIELDS,
-    COMPLETION_NOOPS,
+    COMPLETION_REFUSED,
     AnswerOptions,
     build_call,
     check_common,
@@ -31,6 +31,8 @@ from engine.server.openai_params import (
 )
 from engine.server.state import final_output, generation, read_json, state_of, stream_events
 from engine.server.validate import GenerateCall, Limits, bad, prompt_ids, show
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's, vLLM's and SGLang's
 
 
 def one_prompt(prompt):
@@ -48,12 +50,12 @@ def one_prompt(prompt):
 
 def parse_completion(body: dict, limits: Limits) -> tuple[GenerateCall, AnswerOptions]:
     """The engine call and answer options of a /v1/completions body."""
-    check_common(body, COMPLETION_FIELDS, COMPLETION_NOOPS)
+    check_common(body, COMPLETION_FIELDS, COMPLETION_REFUSED)
     if "prompt" not in body or body["prompt"] is None:
         raise bad("prompt", "is required")
     text, ids = one_prompt(body["prompt"])
     _, ids = prompt_ids(text, ids, limits, text_field="prompt", ids_field="prompt")
-    return build_call(body, ids, limits, default_max_new=16, max_new_key="max_tokens",
+    return build_call(body, ids, limits, default_max_new=COMPLETION_DEFAULT_MAX_TOKENS, max_new_key="max_tokens",
                       logprobs=top_logprobs_arg(body, "logprobs"), prefix="cmpl")
 
 
@@ -92,7 +94,7 @@ async def handle_completions(request: web.Request) -> web.StreamResponse:
         if call.stream:
             return await stream_events(request, first, agen, CompletionStream(head, call, opts).events)
         out = await final_output(request, first, agen)
-    choice = {"index": 0, "text": output_text(out, call.skip_special_tokens),
+    choice = {"index": 0, "text": output_text(out, call.skip_special_tokens, call.no_stop_trim),
               "logprobs": completion_logprobs(out, 0, call, opts) if opts.logprobs is not None else None,
               "finish_reason": finish_reason(out)}
     if opts.return_token_ids:

@@ -41,12 +41,12 @@ class DeltaStream:
         self.sent_chars = 0
         self.sent_tokens = 0
         self.first = True  # the first chunk carries the prompt's token ids (vLLM) and the chat role
-        self.hold = max((len(s) for s in call.req.sampling.stop), default=1) - 1
+        self.hold = 0 if call.no_stop_trim else max((len(s) for s in call.req.sampling.stop), default=1) - 1
 
     def stable_text(self, out: GenerateOutput) -> str:
         """Text that can no longer change: no trailing partial UTF-8, no possible start of a stop string."""
         if out.finished:
-            return output_text(out, self.call.skip_special_tokens)
+            return output_text(out, self.call.skip_special_tokens, self.call.no_stop_trim)
         text = BYTE_TOKENIZER.decode(out.output_ids, keep_special=not self.call.skip_special_tokens).rstrip("\ufffd")
         return text[: len(text) - self.hold] if self.hold else text
 

@@ -1,10 +1,12 @@
-"""The OpenAI dialects' request fields: which are honoured, which are accepted at a no-op value, which ignored.
+"""The OpenAI dialects' request fields: which are honoured, which are ignored, which are refused and why.
 
-/v1/completions and /v1/chat/completions share these tables, so that what
+/v1/completions and /v1/chat/completions share these tables (and the sampling
+fields of sampling_fields.py), so that what vLLM and SGLang accept, and what
 GuideLLM, `vllm bench serve`, AIPerf and `sglang.bench_serving` send (their
-bodies are replayed by tests/engine/server/test_peer_bodies.py) is either
-honoured or accepted, and a client asking for something this engine cannot do
-gets a 400 naming the field. docs/server.md lists the same tables.
+bodies are replayed by tests/engine/server/test_peers.py), is honoured, or
+accepted where it changes nothing here, or refused with a 400 that names the
+field and says why this engine cannot honour it. docs/server.md lists the same
+tables.
 """
 
 from __future__ import annotations
@@ -13,54 +15,79 @@ import uuid
 from dataclasses import dataclass
 
 from engine.io_struct import GenerateRequest
+from engine.server import sampling_fields
+from engine.server.sampling_fields import CUSTOM, GRAMMAR, ONE_CHOICE, parse_sampling
 from engine.server.validate import (
     MAX_RID_CHARS,
     GenerateCall,
     Limits,
     bad,
-    check_default,
+    check_refused,
     check_unicode,
     get_bool,
     get_int,
-    parse_sampling,
     reject_unknown,
     show,
 )
 
 MAX_LOGPROBS = 20
+TEXT_ONLY = "this engine serves a text-only model"
+NO_TOOLS = "tool calling is not supported by this engine"
 
-# Accepted only at their no-op value(s) (a different value is a 400 naming the field):
-# OpenAI's and the vendors' (vLLM, SGLang) sampling and output controls this engine does not implement.
-NOOPS: dict[str, tuple] = {
-    "top_p": (1.0,), "n": (1,), "presence_penalty": (0.0,), "frequency_penalty": (0.0,),
-    "repetition_penalty": (1.0,), "top_k": (-1, 0), "min_p": (0.0,), "length_penalty": (1.0,),
-    "use_beam_search": (False,), "include_stop_str_in_output": (False,), "echo": (False,),
-    "logit_bias": ({},), "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (),
-    "bad_words": ([],), "logits_processors": (), "structured_outputs": (), "guided_json": (), "guided_regex": (),
-    "guided_choice": (), "guided_grammar": (), "guided_decoding_backend": (), "response_format": ({"type": "text"},),
-    "regex": (), "json_schema": (), "ebnf": (), "lora_path": (), "return_hidden_states": (False,),
-    "cache_salt": (), "kv_transfer_params": (), "vllm_xargs": (), "chat_template": (), "session_params": (),
+# field -> (the values that ask for nothing, accepted; why any other value cannot be honoured here)
+REFUSED: dict[str, tuple[tuple, str]] = {
+    **sampling_fields.REFUSED,
+    "use_beam_search": ((False,), "beam search is not implemented by this engine"),
+    "echo": ((False,), "echoing the prompt is not implemented: the answer holds the completion only"),
+    "response_format": (({"type": "text"},), GRAMMAR), "structured_outputs": ((), GRAMMAR),
+    "guided_json": ((), GRAMMAR), "guided_regex": ((), GRAMMAR), "guided_choice": ((), GRAMMAR),
+    "guided_grammar": ((), GRAMMAR),
+    "prompt_logprobs": ((), "prompt log-probs are not returned here; /generate gives them (return_logprob "
+                            "with logprob_start_len)"),
+    "logprob_token_ids": ((), "log-probs of chosen token ids are not implemented: use logprobs"),
+    "truncate_prompt_tokens": ((), "prompt truncation is not implemented: send the prompt to be served"),
+    "logits_processors": ((), CUSTOM), "custom_logit_processor": ((), CUSTOM),
+    "vllm_xargs": ((), "vLLM's extra arguments feed custom logits processors, which are not supported"),
+    "watermarking": ((False,), "watermarking is not implemented by this engine"),
+    "watermark": ((), "watermarking is not implemented by this engine"),
+    "repetition_detection": ((), "repetition detection is not implemented by this engine"),
+    "lora_path": ((), "LoRA adapters are not supported by this engine"),
+    "return_hidden_states": ((False,), "hidden states are not returned by this engine"),
+    "cache_salt": ((), "the prefix cache is shared by every request here: it has no salts"),
+    "kv_transfer_params": ((), "disaggregated prefill (KV transfer) is not supported by this engine"),
+    "chat_template": ((), "the chat template is fixed: the byte tokenizer's"),
+    "session_params": ((), "SGLang sessions are not supported: send the whole prompt (the radix cache reuses it)"),
 }
-COMPLETION_NOOPS = {"best_of": (1,), "suffix": ()}
-CHAT_NOOPS = {"tools": ([],), "tool_choice": ("none",), "functions": (), "function_call": ("none",),
-              "audio": (), "prediction": (), "documents": (), "mm_processor_kwargs": ()}
-# Accepted with any value and ignored: they change nothing this engine computes.
+COMPLETION_REFUSED = {"best_of": ((1,), ONE_CHOICE), "suffix": (("",), "insertion (suffix) is not supported")}
+CHAT_REFUSED = {"tools": (([],), NO_TOOLS), "tool_choice": (("none",), NO_TOOLS), "functions": ((), NO_TOOLS),
+                "function_call": (("none",), NO_TOOLS), "audio": ((), TEXT_ONLY),
+                "mm_processor_kwargs": ((), TEXT_ONLY),
+                "prediction": ((), "predicted outputs are not supported by this engine"),
+                "documents": ((), "the chat template takes no documents")}
+# Accepted with any value and ignored: they change nothing this engine computes (field -> why)
 IGNORED = {
-    "user",  # OpenAI: end-user id for abuse monitoring
-    "metadata", "store", "service_tier",  # OpenAI: storage and billing
-    "priority",  # vLLM: scheduling priority (one FIFO queue here)
-    "add_special_tokens",  # vLLM: the byte tokenizer adds no special tokens either way
-    "spaces_between_special_tokens",  # vLLM/SGLang: byte tokens have no spaces to add
-    "chat_template_kwargs",  # vLLM/SGLang: the byte chat template takes no options (enable_thinking...)
-    "reasoning_effort", "separate_reasoning", "stream_reasoning",  # no reasoning parser
-    "parallel_tool_calls",  # meaningful only with tools, which must be empty
+    "user": "OpenAI: an end-user id for abuse monitoring",
+    "metadata": "OpenAI: stored-completion tags", "store": "OpenAI: nothing is stored",
+    "service_tier": "OpenAI: billing",
+    "priority": "vLLM/SGLang: scheduling priority; one FIFO queue here",
+    "add_special_tokens": "vLLM: the byte tokenizer adds no special tokens either way",
+    "spaces_between_special_tokens": "byte tokens are decoded without spaces either way",
+    "stream_interval": "tokens per streamed chunk: one chunk per engine step here, the same text in the end",
+    "length_penalty": "only beam search uses it, and beam search is refused",
+    "truncation_side": "only prompt truncation uses it, and truncation is refused",
+    "guided_decoding_backend": "names a grammar backend; grammars are refused",
+    "chat_template_kwargs": "the byte chat template takes no options (enable_thinking...)",
+    "reasoning_effort": "no reasoning parser", "separate_reasoning": "no reasoning parser",
+    "stream_reasoning": "no reasoning parser", "include_reasoning": "no reasoning parser",
+    "thinking_token_budget": "no reasoning parser: the output has no thinking section",
+    "parallel_tool_calls": "meaningful only with tools, which are refused",
 }
-# Honoured; sampling fields go through validate.parse_sampling
-HONOURED = {"model", "temperature", "max_tokens", "stream", "stream_options", "stop", "seed", "ignore_eos",
-            "stop_token_ids", "skip_special_tokens", "min_tokens", "return_token_ids", "return_tokens_as_token_ids",
-            "request_id", "rid", "nvext", "no_stop_trim"}
-COMPLETION_FIELDS = HONOURED | IGNORED | set(NOOPS) | set(COMPLETION_NOOPS) | {"prompt", "logprobs"}
-CHAT_FIELDS = HONOURED | IGNORED | set(NOOPS) | set(CHAT_NOOPS) | {
+# Honoured; the sampling fields go through sampling_fields.parse_sampling
+HONOURED = {*sampling_fields.HONOURED, "model", "max_tokens", "stream", "stream_options", "min_tokens",
+            "allowed_token_ids", "bad_words", "include_stop_str_in_output", "return_token_ids",
+            "return_tokens_as_token_ids", "request_id", "rid", "nvext"}
+COMPLETION_FIELDS = HONOURED | set(IGNORED) | set(REFUSED) | set(COMPLETION_REFUSED) | {"prompt", "logprobs"}
+CHAT_FIELDS = HONOURED | set(IGNORED) | set(REFUSED) | set(CHAT_REFUSED) | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs", "add_generation_prompt",
     "continue_final_message"}
 
@@ -76,11 +103,10 @@ class AnswerOptions:
     tokens_as_ids: bool = False  # vLLM return_tokens_as_token_ids: logprob tokens as "token_id:N"
 
 
-def check_common(body: dict, fields: set, noops: dict) -> None:
-    """Unknown fields and unsupported values of known ones are a 400 naming the field."""
+def check_common(body: dict, fields: set, refused: dict) -> None:
+    """Unknown fields, and values this engine cannot honour, are a 400 naming the field (and saying why)."""
     reject_unknown(body, fields, "")
-    for key, allowed in {**NOOPS, **noops}.items():
-        check_default(body, key, key, allowed)
+    check_refused(body, {**REFUSED, **refused})
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise bad("model", f"must be a string, got {show(body['model'])}")
     nvext = body.get("nvext")

@@ -12,7 +12,7 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from engine.io_struct import GenerateRequest, SamplingParams
+from engine.io_struct import GenerateRequest
 from protocol.tokenizer import BYTE_TOKENIZER
 
 MAX_SEED = 2**63 - 1
@@ -90,7 +90,8 @@ def get_int(d: dict, key: str, path: str, default: int | None, lo: int | None = 
     return v
 
 
-def get_float(d: dict, key: str, path: str, default: float, lo: float | None = None) -> float:
+def get_float(d: dict, key: str, path: str, default: float, lo: float | None = None,
+              hi: float | None = None) -> float:
     v = d.get(key)
     if v is None:
         return default
@@ -104,6 +105,8 @@ def get_float(d: dict, key: str, path: str, default: float, lo: float | None = N
         raise bad(path, f"must be a finite number, got {v}")
     if lo is not None and v < lo:
         raise bad(path, f"must be >= {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise bad(path, f"must be <= {hi}, got {v}")
     return v
 
 
@@ -149,15 +152,21 @@ def get_token_ids(v, path: str, limits: Limits, allow_empty: bool = False) -> tu
     return tuple(v)
 
 
-def check_default(d: dict, key: str, path: str, allowed) -> None:
-    """A field this engine does not implement, accepted only at its no-op value(s)."""
+def check_default(d: dict, key: str, path: str, allowed, reason: str) -> None:
+    """A field this engine cannot honour, accepted only at the value(s) that ask for nothing; `reason` says why."""
     v = d.get(key)
     if v is None:
         return
     ok = any(type(v) is type(a) and v == a or (isinstance(a, float) and type(v) is int and v == a) for a in allowed)
     if not ok:
         want = " or ".join(show(a) for a in allowed) if allowed else "null"
-        raise bad(path, f"not supported by this engine (only {want} is accepted), got {show(v)}")
+        raise bad(path, f"{reason} (only {want} is accepted), got {show(v)}")
+
+
+def check_refused(d: dict, table: dict[str, tuple[tuple, str]], prefix: str = "") -> None:
+    """Each field of `table` (field -> (no-op values, reason)) that `d` holds at another value is a 400 saying why."""
+    for key, (allowed, reason) in table.items():
+        check_default(d, key, f"{prefix}{key}", allowed, reason)
 
 
 def reject_unknown(d: dict, known, path: str) -> None:
@@ -198,24 +207,6 @@ def check_rid(v) -> str:
     return check_unicode(v, "rid")
 
 
-# --- /generate ----------------------------------------------------------------------------------
-# SGLang sampling fields this engine does not implement, accepted at their no-op values
-SAMPLING_NOOPS: dict[str, tuple] = {
-    "top_p": (1.0,), "top_k": (-1,), "min_p": (0.0,), "frequency_penalty": (0.0,), "presence_penalty": (0.0,),
-    "repetition_penalty": (1.0,), "n": (1,), "json_schema": (), "regex": (),
-    "ebnf": (), "structural_tag": (), "logit_bias": (), "custom_params": (),
-}
-SAMPLING_FIELDS = {"temperature", "max_new_tokens", "min_new_tokens", "ignore_eos", "stop", "stop_token_ids", "seed",
-                   "sampling_seed", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-                   *SAMPLING_NOOPS}
-# top-level SGLang fields accepted at their no-op value
-GENERATE_NOOPS: dict[str, tuple] = {"lora_path": (), "image_data": (), "audio_data": (), "video_data": (),
-                                    "input_embeds": (), "return_hidden_states": (False,),
-                                    "custom_logit_processor": (), "session_params": (), "modalities": ()}
-GENERATE_FIELDS = {"text", "input_ids", "sampling_params", "rid", "return_logprob", "top_logprobs_num",
-                   "logprob_start_len", "return_text_in_logprobs", "stream", *GENERATE_NOOPS}
-
-
 @dataclass(frozen=True)
 class GenerateCall:
     """A validated /generate (or /v1/completions) request: the engine request plus how to answer it."""
@@ -227,61 +218,3 @@ class GenerateCall:
     return_text_in_logprobs: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
-
-
-def parse_sampling(sp: dict, path: str, limits: Limits, default_max_new: int, max_new_key: str = "max_new_tokens",
-                   default_temperature: float = 1.0, min_new_key: str = "min_new_tokens"
-                   ) -> tuple[SamplingParams, bool, bool]:
-    """(SamplingParams, skip_special_tokens, no_stop_trim) from a sampling dict; `path` prefixes field names."""
-    p = f"{path}." if path else ""
-    temperature = get_float(sp, "temperature", f"{p}temperature", default_temperature, lo=0.0)
-    max_new = get_int(sp, max_new_key, f"{p}{max_new_key}", default_max_new, lo=0, hi=limits.max_context)
-    min_new = get_int(sp, min_new_key, f"{p}{min_new_key}", 0, lo=0, hi=max_new)  # no stop before it
-    seed = get_int(sp, "seed", f"{p}seed", None, lo=0, hi=MAX_SEED)
-    if seed is None and "sampling_seed" in sp:
-        seed = get_int(sp, "sampling_seed", f"{p}sampling_seed", None, lo=0, hi=MAX_SEED)
-    stop_ids = sp.get("stop_token_ids")
-    params = SamplingParams(
-        temperature=temperature, max_new_tokens=max_new,  # below sampling.GREEDY_BELOW is greedy
-        ignore_eos=get_bool(sp, "ignore_eos", f"{p}ignore_eos", False),
-        stop_token_ids=() if stop_ids is None else get_token_ids(stop_ids, f"{p}stop_token_ids", limits, True),
-        stop=get_stop(sp, "stop", f"{p}stop"), seed=seed, min_new_tokens=min_new,
-    )
-    skip_special = get_bool(sp, "skip_special_tokens", f"{p}skip_special_tokens", True)
-    get_bool(sp, "spaces_between_special_tokens", f"{p}spaces_between_special_tokens", True)  # byte tokens: no-op
-    no_stop_trim = get_bool(sp, "no_stop_trim", f"{p}no_stop_trim", False)
-    return params, skip_special, no_stop_trim
-
-
-def parse_generate(body: dict, limits: Limits) -> GenerateCall:
-    """Validate a /generate body (SGLang's GenerateReqInput, single request) into a GenerateCall."""
-    reject_unknown(body, GENERATE_FIELDS, "")
-    for key, allowed in GENERATE_NOOPS.items():
-        check_default(body, key, key, allowed)
-    _, ids = prompt_ids(body.get("text"), body.get("input_ids"), limits)
-    sp = body.get("sampling_params")
-    if sp is None:
-        sp = {}
-    if not isinstance(sp, dict):
-        raise bad("sampling_params", f"must be a JSON object, got {show(sp)}")
-    reject_unknown(sp, SAMPLING_FIELDS, "sampling_params")
-    for key, allowed in SAMPLING_NOOPS.items():
-        check_default(sp, key, f"sampling_params.{key}", allowed)
-    # defaults as SGLang's: 128 new tokens, temperature 1.0 (seeded by --seed unless `seed` is given)
-    params, skip_special, no_stop_trim = parse_sampling(sp, "sampling_params", limits, 128, default_temperature=1.0)
-    return_logprob = get_bool(body, "return_logprob", "return_logprob", False)
-    top_k = get_int(body, "top_logprobs_num", "top_logprobs_num", 0, lo=0, hi=limits.vocab_size)
-    if top_k and not return_logprob:  # SGLang would silently return none: say so instead
-        raise bad("top_logprobs_num", f"{top_k} without return_logprob: true; top log-probs come only with "
-                                      "return_logprob (set \"return_logprob\": true, or leave top_logprobs_num out)")
-    # as SGLang: with return_logprob, the prompt tokens from this position on are scored too (meta_info
-    # input_token_logprobs) and the prefix match stops there; -1 (the default): output log-probs only
-    start = get_int(body, "logprob_start_len", "logprob_start_len", -1, lo=-1, hi=len(ids))
-    return GenerateCall(
-        req=GenerateRequest(rid=check_rid(body.get("rid")), input_ids=ids, sampling=params,
-                            return_logprob=return_logprob, top_logprobs_num=top_k, logprob_start_len=start),
-        stream=get_bool(body, "stream", "stream", False),
-        return_logprob=return_logprob, top_logprobs_num=top_k,
-        return_text_in_logprobs=get_bool(body, "return_text_in_logprobs", "return_text_in_logprobs", False),
-        skip_special_tokens=skip_special, no_stop_trim=no_stop_trim,
-    )

@@ -30,11 +30,18 @@ token_ids = st.lists(st.integers(0, 259), min_size=1, max_size=40)
 small_new = st.one_of(st.integers(0, 4), st.integers(max_value=-1), st.integers(min_value=2049), st.booleans(),
                       st.floats(), st.text(max_size=3))
 
+# what shapes the distribution, every value in range (a request may then ban every token but the one it allows)
+distribution_fields = {
+    "top_p": st.floats(0.01, 1), "top_k": st.integers(-1, 300), "min_p": st.floats(0, 1),
+    "frequency_penalty": st.floats(-2, 2), "presence_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.1, 3),
+    "logit_bias": st.dictionaries(st.integers(0, 259).map(str), st.floats(-100, 100), max_size=3),
+}
 valid_sampling = st.fixed_dictionaries({"max_new_tokens": st.integers(0, 4)}, optional={
     "temperature": st.floats(0, 2), "ignore_eos": st.booleans(), "seed": st.integers(0, 2**63 - 1),
     "stop": st.one_of(st.text(min_size=1, max_size=4), st.lists(st.text(min_size=1, max_size=4), max_size=3)),
-    "stop_token_ids": st.lists(st.integers(0, 259), max_size=3), "top_p": st.just(1.0), "top_k": st.just(-1),
-    "skip_special_tokens": st.booleans(), "no_stop_trim": st.booleans(),
+    "stop_token_ids": st.lists(st.integers(0, 259), max_size=3), "skip_special_tokens": st.booleans(),
+    "no_stop_trim": st.booleans(), **distribution_fields,
 })
 valid_generate = st.fixed_dictionaries(
     {"sampling_params": valid_sampling},
@@ -47,7 +54,10 @@ valid_completion = st.fixed_dictionaries(
     {"prompt": st.one_of(st.text(min_size=1, max_size=40), token_ids), "max_tokens": st.integers(0, 4)},
     optional={"model": MODELS, "temperature": st.floats(0, 2), "logprobs": st.integers(0, 5),
               "stream": st.booleans(), "stop": st.text(min_size=1, max_size=3), "seed": st.integers(0, 10),
-              "echo": st.just(False), "ignore_eos": st.booleans(), "n": st.just(1), "user": st.text(max_size=5)},
+              "echo": st.just(False), "ignore_eos": st.booleans(), "n": st.just(1), "user": st.text(max_size=5),
+              **distribution_fields, "allowed_token_ids": st.lists(st.integers(0, 259), min_size=1, max_size=3),
+              "bad_words": st.lists(st.text(min_size=1, max_size=3), max_size=2),
+              "include_stop_str_in_output": st.booleans()},
 ).map(lambda b: dict(b, stream_options={"include_usage": True}) if b.get("stream") else b)
 
 text_parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": st.text(max_size=10)}), max_size=2)
@@ -58,16 +68,17 @@ valid_chat = st.fixed_dictionaries(
     optional={"model": MODELS, "temperature": st.floats(0, 2), "stream": st.booleans(),
               "logprobs": st.booleans(), "ignore_eos": st.booleans(), "min_tokens": st.integers(0, 0),
               "return_token_ids": st.booleans(), "seed": st.integers(0, 10), "nvext": st.just({"ignore_eos": True}),
-              "chat_template_kwargs": st.just({"enable_thinking": False})},
+              "chat_template_kwargs": st.just({"enable_thinking": False}), **distribution_fields},
 ).map(lambda b: dict(b, stream_options={"include_usage": True, "continuous_usage_stats": True})
       if b.get("stream") else b)
 
 GENERATE_KEYS = ["text", "input_ids", "rid", "return_logprob", "top_logprobs_num", "logprob_start_len", "stream",
                  "return_text_in_logprobs", "lora_path"]
 SAMPLING_KEYS = ["temperature", "ignore_eos", "stop", "stop_token_ids", "seed", "top_p", "top_k",
-                 "skip_special_tokens", "no_stop_trim", "n", "min_p"]
+                 "skip_special_tokens", "no_stop_trim", "n", "min_p", "logit_bias", "repetition_penalty", "regex"]
 COMPLETION_KEYS = ["prompt", "model", "temperature", "logprobs", "stream", "stop", "seed", "echo", "n",
-                   "stream_options", "ignore_eos", "top_p", "logit_bias"]
+                   "stream_options", "ignore_eos", "top_p", "logit_bias", "allowed_token_ids", "bad_words",
+                   "min_tokens"]
 
 
 @st.composite

@@ -134,8 +134,8 @@ def test_openai_client_chat_refusals_name_the_field(client):
     with pytest.raises(BadRequestError, match=r"continue_final_message: cannot be true while add_generation_prompt"):
         client.chat.completions.create(model=MODEL, max_completion_tokens=2, messages=[
             {"role": "assistant", "content": "x"}], extra_body={"continue_final_message": True})
-    with pytest.raises(BadRequestError, match=r"top_p: not supported by this engine \(only 1\.0 is accepted\)"):
-        client.chat.completions.create(model=MODEL, max_completion_tokens=2, top_p=0.5,
+    with pytest.raises(BadRequestError, match=r"n: this server answers one choice per request: send n requests"):
+        client.chat.completions.create(model=MODEL, max_completion_tokens=2, n=2,
                                        messages=[{"role": "user", "content": "x"}])
     with pytest.raises(BadRequestError, match=r"min_tokens: must be <= 2, got 3"):
         client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body={"min_tokens": 3})
