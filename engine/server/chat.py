@@ -30,6 +30,10 @@ from engine.server.state import final_output, generation, read_json, state_of, s
 from engine.server.validate import GenerateCall, Limits, bad, get_bool, prompt_ids, show
 from protocol.tokenizer import NUM_BYTES
 
+# Without max_tokens (or max_completion_tokens) a chat answer stops here, or where the context ends. OpenAI, vLLM
+# and SGLang run on to the end of the context (2,028 tokens after a short prompt on this model); 128 is what
+# /generate and SGLang's SamplingParams default to, so a request that leaves it out is bounded the same everywhere.
+CHAT_DEFAULT_MAX_TOKENS = 128
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning",
                   "refusal"}
@@ -100,8 +104,8 @@ def parse_chat(body: dict, limits: Limits) -> tuple[GenerateCall, AnswerOptions]
     if top and not logprobs:
         raise bad("top_logprobs", "requires logprobs: true")
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    # default: up to the context length, as OpenAI and vLLM do
-    return build_call(body, ids, limits, default_max_new=limits.max_context - len(ids), max_new_key=key,
+    default = min(CHAT_DEFAULT_MAX_TOKENS, limits.max_context - len(ids))  # the prompt leaves at least 1
+    return build_call(body, ids, limits, default_max_new=default, max_new_key=key,
                       logprobs=(top or 0) if logprobs else None, prefix="chatcmpl")
 
 

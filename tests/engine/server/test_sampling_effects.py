@@ -113,3 +113,9 @@ def test_stop_strings_stay_with_include_stop_str_in_output(server):
                                                 "stream": True, "include_stop_str_in_output": True, **forced})
     assert "".join(e["choices"][0]["text"] for e in r.events() if e != "[DONE]" and e["choices"]) == "aaa"
 
+
+def test_chat_without_max_tokens_stops_at_128(server):
+    r = server.call("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                     "ignore_eos": True, "temperature": 0})
+    assert r.status == 200, r.body
+    assert r.json()["usage"]["completion_tokens"] == 128 and r.json()["choices"][0]["finish_reason"] == "length"

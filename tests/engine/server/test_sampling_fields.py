@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.server import openai_params
-from engine.server.chat import parse_chat
+from engine.server.chat import CHAT_DEFAULT_MAX_TOKENS, parse_chat
 from engine.server.generate_params import GENERATE_REFUSED, parse_generate
 from engine.server.openai import parse_completion
 from engine.server.sampling_fields import REFUSED
@@ -178,6 +178,15 @@ def test_generate_does_not_take_vllm_only_fields():
     for field in ("allowed_token_ids", "bad_words", "include_stop_str_in_output"):
         with pytest.raises(ApiError, match=rf"^sampling_params\.{field}: unknown field"):
             generate(**{field: None})
+
+
+def test_chat_without_max_tokens_stops_at_the_documented_default():
+    assert chat().req.sampling.max_new_tokens == CHAT_DEFAULT_MAX_TOKENS == 128
+    long = parse_chat({"messages": [{"role": "user", "content": "x" * 2000}]}, LIMITS)[0]
+    assert len(long.req.input_ids) + long.req.sampling.max_new_tokens == 2048  # the room the prompt leaves
+    assert chat(max_tokens=300).req.sampling.max_new_tokens == 300
+    assert chat(max_completion_tokens=5, max_tokens=300).req.sampling.max_new_tokens == 5
+    assert completion().req.sampling.max_new_tokens == 16 and generate().req.sampling.max_new_tokens == 128
 
 
 def test_docs_name_every_field_of_every_table():
