@@ -29,6 +29,7 @@ from records.rundir import load_config, write_json
 from reports.analyze_run import AnalyzedRun, analyze_run
 from reports.controls import BASELINE_POOL, controls_of, is_control
 from reports.envelope import DRIFT_FLOOR, ENVELOPE_FACTOR, LADDER, Envelope
+from reports.flip_rates import flips_by_point
 from reports.gate import GateThresholds
 from reports.window import WindowFact
 
@@ -70,6 +71,9 @@ class Calibration:
     # restored turns, and ENVELOPE_FACTOR x their window ladder sums; None: no control window was compared
     window_tolerance: float | None = None
     window_envelope: tuple[float, ...] | None = None
+    # per sweep point, [answered, flipped] turns of the controls together: what the soft-excess test (reports/
+    # flip_rates.py) compares each sweep point of the pool with
+    flips_by_point: dict[str, list[int]] | None = None
 
     def text(self) -> str:
         """One sentence for the report."""
@@ -109,7 +113,8 @@ def calibrate(control_df, gate: GateThresholds, tolerance_given: bool,
     tolerance = gate.drift_tolerance if tolerance_given else max(DRIFT_FLOOR, DRIFT_FACTOR * (drift_max or 0.0))
     margin = max(gate.margin_threshold, MARGIN_FACTOR * (flip_margin or 0.0))
     return Calibration(len(answered), drift_max, len(flipped), flip_margin, tolerance, margin,
-                       "--drift-tolerance" if tolerance_given else "calibrated", tuple(controls))
+                       "--drift-tolerance" if tolerance_given else "calibrated", tuple(controls),
+                       flips_by_point=flips_by_point(control_df))
 
 
 def _pool_shapes(df) -> dict[str, tuple[str, int | None]]:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from reports.controls import is_control
+from reports.flip_rates import RateTest, where_rates_point
 from reports.oracle import FLAGGED
 
 FLOOR_MARGIN = 10.0  # warn when the observed floor comes within this factor of the tolerance
@@ -94,11 +95,12 @@ class Diagnosis:
 
 
 TABLE_COLUMNS = ["pool", "role", "variant", "interval", "requests", "errors", "flagged", "hard", "drift",
-                 "path_numerics", "restored", "unjudged"]
+                 "path_numerics", "restored", "unjudged", "rate_findings"]
 
 
-def pool_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per pool (with an interval or without, crashed or not, the calibration's controls too): its counts."""
+def pool_table(df: pd.DataFrame, findings: tuple[RateTest, ...] = ()) -> pd.DataFrame:
+    """Per pool (with an interval or without, crashed or not, the calibration's controls too): its counts, and how
+    many flip-rate tests found its flips piling up (`findings`: reports/flip_rates.py, the significant ones)."""
     rows = []
     for pool, g in df.groupby("pool", sort=True, dropna=False):
         interval = g["interval"].dropna()
@@ -110,7 +112,8 @@ def pool_table(df: pd.DataFrame) -> pd.DataFrame:
                      "path_numerics": int((g["class"] == "path_numerics").sum()),
                      "restored": int(g["restored"].fillna(False).astype(bool).sum()),
                      "unjudged": bool(g["unjudged_pool"].fillna(False).astype(bool).any())
-                     if "unjudged_pool" in g else False})
+                     if "unjudged_pool" in g else False,
+                     "rate_findings": sum(1 for t in findings if t.pool == str(pool))})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS).astype({"interval": "Int64"})
 
 
@@ -126,6 +129,7 @@ def _status(row: dict) -> str:
     extra = [f"{row['errors']} errors"] if row["errors"] else []
     extra += [f"{row['path_numerics']} path numerics"] if row["path_numerics"] else []
     extra += [f"{row['restored']} restored a checkpoint"]
+    extra += [f"flips pile up in {row['rate_findings']} rate test(s)"] if row.get("rate_findings") else []
     return text + " (" + ", ".join(extra) + ")"
 
 
@@ -159,9 +163,13 @@ def one_path_subsystem(variants: set[str]) -> str | None:
     return interval_subsystem(dict.fromkeys(variants, 1))
 
 
-def _undiagnosed(df: pd.DataFrame, table: pd.DataFrame) -> Diagnosis:
+def _undiagnosed(df: pd.DataFrame, table: pd.DataFrame, findings: tuple[RateTest, ...]) -> Diagnosis:
     flagged = df[df["class"].isin(FLAGGED)]
-    evidence = [_status(r) for r in table.to_dict("records")]
+    evidence = [f"flips pile up: {t.text()}" for t in findings] + [_status(r) for r in table.to_dict("records")]
+    if not len(flagged) and findings:
+        return Diagnosis("undiagnosed", "No single request was flagged, but flips pile up where numerics do not put "
+                         f"them: {where_rates_point(findings)}; --diagnose would tell which subsystem.", evidence,
+                         table)
     if not len(flagged):
         return Diagnosis("none", "Nothing points at a subsystem: no request was flagged (drift or hard).",
                          evidence, table)
@@ -210,25 +218,30 @@ def _group_result(rows: list[dict]) -> str:
     if any(r["variant"] == "full" for r in crashed):
         return "crashed"
     live = [r for r in rows if r not in crashed]
-    found = interval_subsystem({r["variant"]: r["flagged"] for r in live})
+    # a pool whose flips pile up is flagged as a pool, though no single turn of it is
+    found = interval_subsystem({r["variant"]: r["flagged"] + r.get("rate_findings", 0) for r in live})
     if found == "interplay" and any(r.get("unjudged") for r in live):  # a half that could not be judged
         return "undetermined"
     return found
 
 
-def diagnose(df: pd.DataFrame) -> Diagnosis:
+def diagnose(df: pd.DataFrame, findings: tuple[RateTest, ...] = ()) -> Diagnosis:
     """Name the subsystem from the --diagnose pools (per interval; pools without an interval in every group;
-    crashed pools by their errors), or say what the attribution suggests; the table has every pool."""
+    crashed pools by their errors), or say what the attribution suggests; the table has every pool. `findings`:
+    the flip-rate tests that found flips piling up (Verdict.rate_findings): their pools count as flagged, and
+    their lines lead the evidence."""
     if not len(df):
         return Diagnosis("none", "No candidate requests.")
-    table = pool_table(df)
+    findings = tuple(findings)
+    table = pool_table(df, findings)
     gated = table[table["role"] == "candidate"]
     if not {"spec_only", "cache_only"} <= set(gated["variant"]):
-        return _undiagnosed(df[~df["pool"].map(is_control)], table)
+        return _undiagnosed(df[~df["pool"].map(is_control)], table, findings)
     groups = _groups(table)
     per = {name: _group_result(rows) for name, rows in groups.items()}
-    evidence = [f"{name}: " + "; ".join(_status(r) for r in rows) + f" -> {per[name]}"
-                for name, rows in groups.items()]
+    evidence = [f"flips pile up: {t.text()}" for t in findings]
+    evidence += [f"{name}: " + "; ".join(_status(r) for r in rows) + f" -> {per[name]}"
+                 for name, rows in groups.items()]
     evidence += [f"control {_status(r)}" for r in table.to_dict("records") if r["role"] == "control"]
     errors = df[df["class"] == "error"]["error"].dropna().astype(str)
     if "crashed" in per.values():

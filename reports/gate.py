@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from reports.flip_rates import RateTest
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
 from reports.window import WINDOW_DETAIL
 
@@ -82,6 +83,19 @@ class Verdict:
     drift: int = 0
     unexercised: list[str] = field(default_factory=list)  # what the run did not exercise, and what to change
     path_numerics: int = 0  # drift judged path numerics (not counted as drift; reports the evidence)
+    # every flip-rate test of the run (reports/flip_rates.py), one family; the significant ones are reasons
+    rate_tests: tuple[RateTest, ...] = ()
+
+    @property
+    def rate_findings(self) -> list[RateTest]:
+        """The rate tests that found flips piling up (each a reason)."""
+        return [t for t in self.rate_tests if t.significant]
+
+    @property
+    def decided_by_rates(self) -> bool:
+        """Whether the rate tests alone fail the gate: without them it would have passed (or been
+        INCONCLUSIVE)."""
+        return bool(self.rate_findings) and len(self.reasons) == len(self.rate_findings)
 
     @property
     def word(self) -> str:
@@ -111,13 +125,16 @@ class Verdict:
 
 
 def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexercised: list[str] | None = None,
-             path_numerics: int = 0, decisive: list[str] | None = None) -> Verdict:
+             path_numerics: int = 0, decisive: list[str] | None = None,
+             rate_tests: list[RateTest] | tuple[RateTest, ...] = ()) -> Verdict:
     """Judge the requests frame of `reports.analyze` (one row per gated candidate, column `class`).
 
     `unexercised`: what the run did not exercise (reports/exercised.py); with no threshold exceeded it makes
     the verdict INCONCLUSIVE (exit 3). `path_numerics`: drift rows already judged path numerics (counted apart).
     `decisive`: per pool, the flips no measured numerics explain (reports/numerics.py), listed after the hard
-    count when it fails the gate: evidence of a bug, never a reason for INCONCLUSIVE."""
+    count when it fails the gate: evidence of a bug, never a reason for INCONCLUSIVE. `rate_tests`: the run's
+    flip-rate tests (reports/flip_rates.py, their family's level set); each significant one fails the gate with its
+    own line (both rates, counts, p-value and level)."""
     t = thresholds or GateThresholds()
     counts = df["class"].value_counts() if len(df) else pd.Series(dtype=int)
     exact, drift, soft, hard, errors = (int(counts.get(c, 0)) for c in ("exact", "drift", "soft", "hard", "error"))
@@ -139,6 +156,7 @@ def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexerc
     if requests and soft > t.max_soft_rate * requests + 1e-9:
         reasons.append(f"{soft} soft flips = {100 * soft / requests:.2f}% of {requests} requests "
                        f"> allowed {100 * t.max_soft_rate:.2f}%")
+    reasons += [f"flips pile up: {r.text()}" for r in rate_tests if r.significant]
     unexercised = list(unexercised or [])
     passed = not reasons and not unexercised
     if passed:
@@ -147,4 +165,5 @@ def evaluate(df: pd.DataFrame, thresholds: GateThresholds | None = None, unexerc
         code = EXIT_HARNESS_FAILED if requests == 0 else EXIT_GATE_FAILED
     else:
         code = EXIT_INCONCLUSIVE
-    return Verdict(passed, code, reasons, requests, exact, soft, hard, errors, t, drift, unexercised, path_numerics)
+    return Verdict(passed, code, reasons, requests, exact, soft, hard, errors, t, drift, unexercised, path_numerics,
+                   tuple(rate_tests))

@@ -7,6 +7,7 @@ import pandas as pd
 from reports.controls import is_control
 from reports.coverage import coverage_summary
 from reports.escape import md_inline
+from reports.flip_rates import family_text, rates_table
 from reports.html_sections import cache_pressure_text
 from reports.incidents import code_span, incidents_markdown
 from reports.results import RunResults, case_text
@@ -43,6 +44,10 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
               "before or at it, within twice what the path's numerics move a log-prob.", ""]
     if (config.get("calibration") or {}).get("text"):
         lines += [f"Calibration: {md_inline(config['calibration']['text'])}.", ""]
+    lines += [f"Flip rates: {md_inline(family_text(verdict.rate_tests))}.", ""]
+    table = rates_table(verdict.rate_tests)
+    if len(table):  # reports/flip_rates.py: the tests that can reach the level, both rates side by side
+        lines += [_md_table(table), ""]
     if config.get("paired"):  # reports/paired.py, with --baseline-run
         lines += [f"Paired check: {md_inline(config['paired'])}.", ""]
     if config.get("windows"):  # reports/window.py: the restored turns' prompt tokens past their checkpoint

@@ -193,8 +193,11 @@ def test_the_soft_flip_rate_follows_the_controls_numerics_flips(tmp_path):
     gate, _ = calibrated_gate(run, GateThresholds(max_soft_rate=0.02), tolerance_given=False)
     # 1 flip in the 8 control requests: p = 1/8, which the 3 requests of i128 measure only to +- sqrt(p(1-p)/3)
     assert gate.max_soft_rate == pytest.approx(1 / 8 + 3 * (1 / 8 * 7 / 8 / 3) ** 0.5)
+    cal = json.loads((run / "config.json").read_text())["calibration"]
     assert ("soft-flip rate allowed 69.8% (the controls' flip rate: 2x, or plus 3 binomial standard deviations at "
-            "the pool's size)") in json.loads((run / "config.json").read_text())["calibration"]["text"]
+            "the pool's size)") in cal["text"]
+    # what the flip-rate test (reports/flip_rates.py) compares each sweep point of i128 with: its controls together
+    assert cal["per_pool"]["i128"]["flips_by_point"] == {"c1": [8, 1]}
 
 
 def test_the_allowed_soft_rate_covers_the_spread_of_a_small_pool():

@@ -8,7 +8,9 @@ import pytest
 from reports.analyze import analyze
 from reports.coverage import cells, coverage_summary, coverage_table
 from reports.diagnosis import SUBSYSTEMS, diagnose, interval_subsystem, noise_floor
+from reports.exact_test import ExactTest
 from reports.facts import TokenFacts
+from reports.flip_rates import RateTest
 from tests.reports.factory import pair, prompt
 
 SUFFIX = {"full": "", "spec_only": "-spec", "cache_only": "-cache"}
@@ -277,3 +279,28 @@ def test_a_flagged_full_candidate_beside_an_unjudged_half_names_no_single_subsys
     assert (verdict.word, verdict.drift) == ("FAIL", 2)
     d = diagnose(judged)
     assert d.subsystem == "undetermined" and d.headline == f"The evidence points at {SUBSYSTEMS['undetermined']}."
+
+
+def _finding(pool: str, kind: str) -> RateTest:
+    """A significant flip-rate test (reports/flip_rates.py) of `pool`."""
+    test = ExactTest(1e-6, 1e-9, 12, 37, 1, 37)
+    return RateTest(kind, "flip", pool, None, "restored a checkpoint", "restored nothing", test, 1, 1e-3, 1)
+
+
+def test_flips_piling_up_point_where_no_single_turn_was_flagged():
+    df = frame([{"cached_tokens": 128, "restored": True, "class": "soft"}] * 3 + [{}] * 3)
+    assert diagnose(df).subsystem == "none"
+    d = diagnose(df, (_finding("i128", "restored"),))
+    assert d.subsystem == "undiagnosed"
+    assert d.headline.startswith("No single request was flagged, but flips pile up where numerics do not put them: "
+                                 "in turns that restored a checkpoint, more than in turns that restored nothing")
+    assert d.headline.endswith("(pool(s) i128); --diagnose would tell which subsystem.")
+    assert d.evidence[0].startswith("flips pile up: pool i128: token flips let through as soft, turns that restored ")
+    assert "i128 (full) flagged 0/6 (3 restored a checkpoint, flips pile up in 1 rate test(s))" in d.evidence
+
+
+def test_a_pool_whose_flips_pile_up_counts_as_flagged_for_the_subsystem():
+    df = frame(_pools({"full": 0, "spec_only": 0, "cache_only": 0}))
+    assert diagnose(df).subsystem == "none"
+    assert diagnose(df, (_finding("i128", "controls"),)).subsystem == "interplay"
+    assert diagnose(df, (_finding("i128", "controls"), _finding("i128-cache", "restored"))).subsystem == "caching"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.exact_test import ExactTest
+from reports.flip_rates import RateTest
 from reports.gate import GateThresholds, evaluate
 
 
@@ -89,3 +91,22 @@ def test_drift_thresholds_from_config():
     t = GateThresholds.from_config({"gate": {"drift_tolerance": "0.05", "max_drift": 2}}, max_drift=None)
     assert (t.drift_tolerance, t.max_drift) == (0.05, 2)
     assert GateThresholds.from_config({}, drift_tolerance=0.2).drift_tolerance == 0.2
+
+
+def _rate_test(p: float, level: float = 0.0005) -> RateTest:
+    return RateTest("controls", "flip", "i128", "c4", "its turns", "ctl-i128-spec + ctl-i128-cache",
+                    ExactTest(p, 1e-9, 16, 74, 6, 148), 1, level, 2)
+
+
+def test_flips_piling_up_fail_the_gate_with_their_own_line():
+    v = evaluate(frame(exact=60, soft=14), GateThresholds(max_soft_rate=0.25), rate_tests=[_rate_test(8e-5)])
+    assert (v.passed, v.exit_code, v.decided_by_rates) == (False, 1, True)
+    assert v.reasons == ["flips pile up: pool i128 at c4: token flips let through as soft, its turns against the "
+                         "controls of its path: 16 of 74 (21.6%) vs 6 of 148 (4.1%) of ctl-i128-spec + ctl-i128-cache; "
+                         "one-sided exact p = 8e-05 <= 0.001 / 2"]
+    assert v.rate_tests[0].as_dict()["significant"] is True
+    quiet = evaluate(frame(exact=60, soft=14), GateThresholds(max_soft_rate=0.25), rate_tests=[_rate_test(0.002)])
+    assert quiet.passed and quiet.rate_findings == [] and len(quiet.rate_tests) == 1
+    both = evaluate(frame(exact=60, soft=13, hard=1), GateThresholds(max_soft_rate=0.25),
+                    rate_tests=[_rate_test(8e-5)])
+    assert not both.passed and not both.decided_by_rates  # the hard mismatch fails it anyway
