@@ -27,6 +27,7 @@ from reports.diagnosis import diagnose, noise_floor
 from reports.envelope import Envelope
 from reports.exercised import server_acceptance, unexercised
 from reports.facts import TokenFacts
+from reports.flip_rates import rate_tests, with_control_flips
 from reports.gate import EXIT_HARNESS_FAILED, GateThresholds, Verdict, evaluate
 from reports.html import write_html
 from reports.html_cases import worst_cases
@@ -108,8 +109,8 @@ def numerics_scales(df, thresholds: GateThresholds, per_pool: dict[str, tuple] |
 
 def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
           per_pool: dict[str, tuple] | None, restore_tolerances: dict[str, float] | None = None,
-          counted: dict[str, tuple[int, int]] | None = None, calibration: dict[str, dict] | None = None
-          ) -> tuple[Verdict, list[str], pd.DataFrame]:
+          counted: dict[str, tuple[int, int]] | None = None, calibration: dict[str, dict] | None = None,
+          trusted: str | None = None) -> tuple[Verdict, list[str], pd.DataFrame]:
     """The verdict on the gated pools of a requests frame (calibration controls are not gated), the path-numerics
     lines (reports/controls.py; in a calibrated run only: the fp32 built-in engine is exact), and the frame as
     judged (path-numerics rows of gated pools have class `path_numerics`, and `unjudged_pool` says whether their
@@ -117,7 +118,9 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
     the checks past the oracle read from the token lists (reports/facts.py); `counted`: the servers' draft
     acceptance per pool (reports/exercised.py server_acceptance), where no record reports it; `calibration`: the
     calibration's entry per pool (config.json `calibration.per_pool`: its controls, their largest drift), which
-    says which pools no control shares a path with (reports/controls.py unshared_pools)."""
+    says which pools no control shares a path with (reports/controls.py unshared_pools), and its controls' flips
+    per sweep point, which the flip-rate tests (reports/flip_rates.py) compare each pool with; `trusted`: the
+    trusted run they come from (--baseline-run)."""
     control = df["pool"].map(is_control).astype(bool) if len(df) else pd.Series([], dtype=bool)
     scales = numerics_scales(df, thresholds, per_pool, calibration)
     gated = with_decisive_flips(df[~control], scales)  # a flip no measured numerics explain is never soft ...
@@ -134,7 +137,7 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
         gated = with_restore_onsets(gated, facts.first_drift, restore_tolerances or {})
     found = unexercised(gated, facts, thresholds.min_coverage, counted)
     verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()),
-                       decisive_lines(gated, beyond, scales))
+                       decisive_lines(gated, beyond, scales), rate_tests(gated, calibration, trusted))
     judged = set(gated.loc[gated["class"].isin(FLAGGED), "pool"].astype(str)) if len(gated) else set()
     gated = gated.assign(unjudged_pool=gated["pool"].astype(str).isin(set(unshared) - judged))
     return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
@@ -201,17 +204,20 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
         df = with_restore_onsets(df, run.facts.first_drift, _restore_tolerances(config))
         df = _with_paired(run_dir, df, config)
     calibration = (config.get("calibration") or {}).get("per_pool")
+    if calibration and not (config.get("calibration") or {}).get("baseline_run"):
+        calibration = with_control_flips(calibration, df)
     df = with_decisive_flips(df, numerics_scales(df, thresholds, per_pool, calibration))
     tables = write_tables(df, run_dir, run.stats, run.candidates, run.shapes)
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
     verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
-                               _server_acceptance(run_dir), calibration)
+                               _server_acceptance(run_dir), calibration,
+                               (config.get("calibration") or {}).get("baseline_run"))
     records, references = _case_records(run_dir, df, {str(c.get("key")): c for c in run.candidates})
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=references,
                          coverage=tables["coverage"], tree_shapes=tables["tree_shapes"],
-                         diagnosis=diagnose(judged), floor=floor,
+                         diagnosis=diagnose(judged, verdict.rate_findings), floor=floor,
                          warnings=_warnings(run, df) + floor.warnings(calibrated=calibrated))
     results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots", results.coverage,
                                 thresholds.drift_tolerance)
