@@ -22,8 +22,8 @@ h2{margin-top:36px;border-bottom:2px solid #ddd;padding-bottom:4px}
 .figures{display:flex;flex-wrap:wrap;gap:12px;margin-top:20px}
 .fig{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px 16px;min-width:110px}
 .fig .v{font-size:28px;font-weight:700}.fig .k{font-size:13px;color:#666}
-.fig.hard .v{color:#c62828}
-.fig.drift .v{color:#6a1b9a}.fig.soft .v{color:#b26a00}.fig.error .v{color:#6a1b9a}.fig.exact .v{color:#2e7d32}
+.fig.bad{border-color:#c62828;background:#fdecea}.fig.bad .v{color:#c62828}
+.fig.warn{border-color:#ef9f27;background:#fff8e8}.fig.warn .v{color:#b26a00}.fig.ok .v{color:#2e7d32}
 table{border-collapse:collapse;font-size:13px;background:#fff}
 th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f0f0f0}
 td.l,th.l{text-align:left}tr.hot td{background:#fde7e7}tr.warm td{background:#fff4e0}
@@ -39,6 +39,21 @@ pre{background:#f4f4f4;padding:8px;white-space:pre-wrap;word-break:break-all;fon
 .diag{background:#fff;border:2px solid #1d1d1f;border-radius:8px;padding:12px 18px;margin-top:20px}
 .diag .what{font-size:19px;font-weight:700}
 mark{background:#ffcdd2}.warn{background:#fff4e0;border:1px solid #ef9f27;padding:8px 12px;border-radius:6px}
+.where{background:#fff;border:2px solid #1d1d1f;border-radius:8px;padding:4px 18px 12px;margin-top:20px}
+.where h2{margin:8px 0 0}.where .reading{font-size:17px;font-weight:600;margin:8px 0}tr.ok td{background:#edf7ee}
+.where .cols{display:flex;flex-wrap:wrap;gap:8px 28px;align-items:flex-start}.where .cols>div{flex:1 1 420px}
+.where ol{margin:4px 0;padding-left:22px;font-size:14px}
+.grids{display:flex;flex-wrap:wrap;gap:18px}.grid .k{font-size:13px;color:#555;margin:6px 0}
+table.cells td,table.cells th{width:26px;text-align:center;font-size:11px;padding:1px 2px}
+.cell.bad{background:#e57373;color:#000;font-weight:700}.cell.ok{background:#a5d6a7}.cell.none{background:#eee;color:#999}
+.cell.na{background:repeating-linear-gradient(45deg,#fafafa,#fafafa 3px,#e6e6e6 3px,#e6e6e6 5px)}
+.legend{font-size:12px;color:#444;margin:4px 0}
+.legend .cell{display:inline-block;padding:0 6px;margin:0 4px 0 10px;border-radius:3px}
+nav.contents{margin:18px 0 0;font-size:14px}nav.contents a{color:#1d4ed8}
+details summary{cursor:pointer;color:#1d4ed8;margin:8px 0}
+@media (max-width:700px){.verdict{padding:18px 16px}.verdict .word{font-size:40px}.verdict .headline{font-size:17px}
+.verdict ul{font-size:14px;padding-left:18px}main{padding:0 10px 32px}.fig{min-width:80px;padding:6px 10px}
+.fig .v{font-size:20px}.where .reading{font-size:16px}}
 """
 
 

@@ -136,6 +136,14 @@ def _window_grid(row: dict, cand: dict, decode) -> str:
             f'<div class="scroll"><table class="tok">{body}</table></div>')
 
 
+WHITESPACE = {" ": "\u2423", "\n": "\u21b5\n", "\t": "\u21e5", "\r": "\u240d"}
+
+
+def visible(text: str) -> str:
+    """`text` with its whitespace drawn (a diff that is only spaces or newlines must not look empty)."""
+    return "".join(WHITESPACE.get(ch, ch) for ch in text)
+
+
 def _text_diff(cand: list[int], ref: list[int], p: int, decode) -> str:
     if decode is None:
         return ""
@@ -145,7 +153,7 @@ def _text_diff(cand: list[int], ref: list[int], p: int, decode) -> str:
         before, after = decode(seq[lo:p]), decode(seq[p:hi])
         if before is None or after is None:
             return ""
-        lines.append(f"{name:9}: {'…' if lo else ''}{esc(before)}<mark>{esc(after)}</mark>"
+        lines.append(f"{name:9}: {'…' if lo else ''}{esc(before)}<mark>{esc(visible(after))}</mark>"
                      f"{'…' if hi < len(seq) else ''}")
     return f"<pre>{chr(10).join(lines)}</pre>"
 
@@ -160,7 +168,18 @@ def _top_k(top: list | None, decode) -> str:
     return esc(", ".join(items))
 
 
-def case_card(row: dict, cand: dict, ref: dict | None, tolerance: float | None = None) -> str:
+def case_anchor(index: int) -> str:
+    """The page anchor of the index-th worst case (0-based)."""
+    return f"case-{index + 1}"
+
+
+def case_link_text(row: dict) -> str:
+    """A worst case in one line, for the links of the first screen: class, request and where it went wrong."""
+    where = divergence_text(row) if value_or_none(row.get("first_divergence")) is not None else drift_text(row)
+    return f"{str(row['class']).upper()} {row['key']}: {where}"
+
+
+def case_card(row: dict, cand: dict, ref: dict | None, tolerance: float | None = None, anchor: str = "") -> str:
     """One worst case: class, attribution, crossings, drift, and the diff around the first flagged position."""
     cls = row["class"]
     head = f'<h3>{esc(row["key"])} &mdash; {esc(cls.upper())} &mdash; {esc(row["detail"])}</h3>'
@@ -191,7 +210,8 @@ def case_card(row: dict, cand: dict, ref: dict | None, tolerance: float | None =
         parts.append(_text_diff(c_out, r_out, at, decode))
         parts.append(f"<p>reference top-k at {at}: {_top_k(r_top[at] if at < len(r_top) else None, decode)}<br>"
                      f"candidate top-k at {at}: {_top_k(c_top[at] if at < len(c_top) else None, decode)}</p>")
-    return f'<article class="case {esc(cls)}">{"".join(parts)}</article>'
+    ident = f' id="{esc(anchor)}"' if anchor else ""
+    return f'<article{ident} class="case {esc(cls)}">{"".join(parts)}</article>'
 
 
 def worst_cases(df: pd.DataFrame) -> pd.DataFrame:

@@ -9,8 +9,7 @@ import pandas as pd
 from reports.html_base import esc, table
 
 COLUMNS = ["pool", "point", "requests", "offered_rps", "achieved_rps", "send_lag_p99_ms",
-           "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "ttst_p50_ms", "ttst_p99_ms", "itl_p50_ms", "itl_p99_ms",
-           "tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+           *(f"{m}_{q}_ms" for m in ("ttft", "ttst", "itl", "tpot", "e2e") for q in ("p50", "p90", "p95", "p99")),
            "slo_attainment", "goodput_rps", "warmup", "unsent", "stopped"]
 
 
@@ -22,8 +21,9 @@ def _lagging(row: dict) -> str:
 
 
 def latency_section(configs: pd.DataFrame, plot_html: str = "") -> str:
-    """The section's HTML (every value escaped); `plot_html`: the latency_vs_load image."""
-    head = "<h2>Latency and load</h2>"
+    """The section's HTML (every value escaped); `plot_html`: the figures (latency over the run, its
+    distributions, latency against load)."""
+    head = "<h2 id=latency>Latency and load</h2>"
     if not len(configs) or "achieved_rps" not in configs:
         return head + "<p>No sweep point recorded timed requests.</p>"
     slo = next((s for s in configs.get("slo", pd.Series(dtype=str)).fillna("") if s), "")

@@ -13,6 +13,12 @@ from reports.html_base import esc, table
 from reports.tables import UNKNOWN
 
 MAX_BOUNDARY_ROWS = 80
+# the page's sections below the first screen: anchor -> title (the contents line links them)
+SECTIONS = {"diagnosis": "Diagnosis", "calibration": "Calibration", "floor": "Noise floor",
+            "boundaries": "Per-boundary results", "coverage": "Coverage", "sweep": "Sweep points",
+            "latency": "Latency and load", "plots": "Plots", "cases": "Worst cases"}
+CONTENTS = ('<nav class="contents">Contents: '
+            + " &middot; ".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS.items()) + "</nav>")
 
 
 def verdict_header(verdict: Verdict, config: dict) -> str:
@@ -40,33 +46,37 @@ def diagnosis_section(diagnosis: Diagnosis) -> str:
     """The first section: which subsystem the evidence points at, and the per-pool counts behind it."""
     items = "".join(f"<li>{esc(e)}</li>" for e in diagnosis.evidence)
     tbl = table(diagnosis.table, left=("variant",)) if diagnosis.table is not None and len(diagnosis.table) else ""
-    return (f'<section class="diag"><div class="k">Diagnosis</div><div class="what">{esc(diagnosis.headline)}'
-            f"</div><ul>{items}</ul>{tbl}</section>")
+    return (f'<section id="diagnosis" class="diag"><div class="k">Diagnosis</div><div class="what">'
+            f"{esc(diagnosis.headline)}</div><ul>{items}</ul>{tbl}</section>")
 
 
 def key_figures(df: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict) -> str:
     """The row of big numbers under the verdict."""
-    figs = [("requests", verdict.requests, ""), ("exact", verdict.exact, "exact"),
-            ("hard", verdict.hard, "hard"), ("drift", verdict.drift, "drift"),
-            ("soft", f"{verdict.soft} ({100 * verdict.soft_rate:.1f}%)", "soft"), ("errors", verdict.errors, "error")]
+    t = verdict.thresholds
+    figs = [("requests", verdict.requests, ""), ("exact", verdict.exact, "ok" if verdict.exact else ""),
+            ("hard", verdict.hard, _status(verdict.hard, t.max_hard)),
+            ("drift", verdict.drift, _status(verdict.drift, t.max_drift)),
+            ("soft", f"{verdict.soft} ({100 * verdict.soft_rate:.1f}%)",
+             "bad" if verdict.soft_rate > t.max_soft_rate else ("warn" if verdict.soft else "ok")),
+            ("errors", verdict.errors, _status(verdict.errors, t.max_errors))]
     df = df[~df["pool"].map(is_control)] if len(df) else df  # the gated pools: a control is never judged
     restored = df[df["restored_verify_crossed"]] if len(df) else df
     if len(restored):
         flagged = int(restored["class"].isin(["hard", "drift"]).sum())
         figs.append(("flagged among turns restoring a verify-crossed checkpoint", f"{flagged}/{len(restored)}",
-                     "hard"))
+                     "bad" if flagged else "ok"))
     linked = df[df["restored_link"] == "position"] if len(df) else df
     if len(linked):  # verify steps not reported: linked by positions only
         flagged = int(linked["class"].isin(["hard", "drift"]).sum())
         figs.append(("flagged among turns restoring a checkpoint the previous turn crossed (position-linked)",
-                     f"{flagged}/{len(linked)}", "hard"))
+                     f"{flagged}/{len(linked)}", "bad" if flagged else "ok"))
     intervals = sorted(int(i) for i in df["interval"].dropna().unique()) if len(df) else []
     figs.append(("intervals", ", ".join(map(str, intervals)) or "-", ""))
     concs = sorted(int(c) for c in df["concurrency"].dropna().unique()) if len(df) else []
     figs.append(("concurrency", ", ".join(map(str, concs)) or "-", ""))
     faults = sorted({str(f) for f in df["fault"].dropna().unique()}) if len(df) else []
     if faults:
-        figs.append(("injected fault", ", ".join(faults), "error"))
+        figs.append(("injected fault", ", ".join(faults), "warn"))
     if len(configs) and configs["output_tok_s"].notna().any():
         figs.append(("peak output tok/s", f"{configs['output_tok_s'].max():.1f}", ""))
     accept = df["spec_accept_length"].dropna() if len(df) else []
@@ -75,6 +85,11 @@ def key_figures(df: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict) -> st
     cells = "".join(f'<div class="fig {cls}"><div class="v">{esc(v)}</div><div class="k">{esc(k)}</div></div>'
                     for k, v, cls in figs)
     return f'<section class="figures">{cells}</section>'
+
+
+def _status(count: int, allowed: int) -> str:
+    """A figure's colour class: red beyond what the gate allows, amber for a count it allows, green at zero."""
+    return "bad" if count > allowed else ("warn" if count else "ok")
 
 
 def floor_section(floor: NoiseFloor, plot: str) -> str:
@@ -92,7 +107,7 @@ def floor_section(floor: NoiseFloor, plot: str) -> str:
     if floor.unmeasured:
         text += (f'<p class="warn">{floor.unmeasured} request(s) have no log-probs on both sides: the margin rule '
                  "alone classified them.</p>")
-    return "<h2>Log-prob drift and the noise floor</h2>" + text + plot
+    return "<h2 id=floor>Log-prob drift and the noise floor</h2>" + text + plot
 
 
 def boundaries_section(boundaries: pd.DataFrame) -> str:
@@ -109,19 +124,22 @@ def boundaries_section(boundaries: pd.DataFrame) -> str:
              "<code>prompt</code>, <code>drift_onset</code> and <code>divergence</code> (offset to the nearest "
              "boundary). <code>onset_at_restore</code>: requests that restored a checkpoint and left the reference "
              "from their first output token, which points at the restored checkpoint.</p>")
+    head = "<h2 id=boundaries>Per-boundary results</h2>"
     if boundaries.empty:
-        return "<h2>Per-boundary results</h2>" + intro + "<p>No boundary attributions (no track interval).</p>"
-    shown, note = boundaries, ""
-    if len(boundaries) > MAX_BOUNDARY_ROWS:
-        bad = boundaries[(boundaries["hard"] + boundaries["drift"] + boundaries["soft"] + boundaries["error"]) > 0]
-        shown = bad.head(MAX_BOUNDARY_ROWS)
-        note = (f"<p>Showing {len(shown)} of {len(boundaries)} rows (those with a mismatch, drift or error); "
-                f"every row is in <code>boundaries.csv</code>.</p>")
+        return head + intro + "<p>No boundary attributions (no track interval).</p>"
+    flagged = (boundaries["hard"] + boundaries["drift"] + boundaries["soft"] + boundaries["error"]) > 0
+    bad, rest = boundaries[flagged].head(MAX_BOUNDARY_ROWS), boundaries[~flagged]
 
     def row_class(r):
         return "hot" if r["hard"] or r["drift"] else ("warm" if r["soft"] or r["error"] else "")
 
-    return "<h2>Per-boundary results</h2>" + intro + note + table(shown, left=("boundary_kind",), row_class=row_class)
+    shown = (f"<p>{len(bad)} row(s) with a flagged, soft or failed request"
+             + (f" (the first {MAX_BOUNDARY_ROWS})" if flagged.sum() > MAX_BOUNDARY_ROWS else "") + "; every row is "
+             "in <code>boundaries.csv</code>. A request is counted once per kind it belongs to.</p>"
+             + (table(bad, left=("boundary_kind",), row_class=row_class) if len(bad) else ""))
+    folded = (f"<details><summary>{len(rest)} row(s) with every request exact</summary>"
+              f"{table(rest, left=('boundary_kind',))}</details>" if len(rest) else "")
+    return head + f"<details><summary>What the kinds mean</summary>{intro}</details>" + shown + folded
 
 
 def coverage_section(coverage: pd.DataFrame, plot: str, shapes: pd.DataFrame | None = None) -> str:
@@ -138,7 +156,7 @@ def coverage_section(coverage: pd.DataFrame, plot: str, shapes: pd.DataFrame | N
         cells = ("<p>Which (verify step holding the boundary, commit length) cells the run reached "
                  "(<code>coverage.csv</code>); <code>--cover</code> forces every cell on the built-in engine."
                  f"</p><ul>{items}</ul>" + plot)
-    return "<h2>Boundary-case coverage</h2>" + cells + tree_shapes_part(shapes)
+    return "<h2 id=coverage>Boundary-case coverage</h2>" + cells + tree_shapes_part(shapes)
 
 
 def tree_shapes_part(shapes: pd.DataFrame | None) -> str:
@@ -161,8 +179,9 @@ def tree_shapes_part(shapes: pd.DataFrame | None) -> str:
 def sweep_section(configs: pd.DataFrame) -> str:
     """The sweep points, with a sentence on cache pressure (evictions) above them."""
     if not len(configs):
-        return "<h2>Sweep points</h2><p>none</p>"
-    return "<h2>Sweep points</h2>" + f"<p>{esc(cache_pressure_text(configs))}</p>" + table(configs, left=("pool",))
+        return "<h2 id=sweep>Sweep points</h2><p>none</p>"
+    return ("<h2 id=sweep>Sweep points</h2>" + f"<p>{esc(cache_pressure_text(configs))}</p>"
+            + table(configs, left=("pool",)))
 
 
 def cache_pressure_text(configs: pd.DataFrame) -> str:

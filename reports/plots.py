@@ -13,7 +13,7 @@ from reports.plot_style import empty as _empty
 from reports.plot_style import figure as _figure
 from reports.plot_style import intervals_of as _intervals
 from reports.plot_style import save as _save
-from reports.plots_latency import latency_vs_load
+from reports.plots_latency import latency_cdfs, latency_over_time, latency_vs_load
 from reports.plots_oracle import boundary_coverage, drift_floor
 
 PLOT_FILES = {
@@ -25,6 +25,8 @@ PLOT_FILES = {
     "accept_length": "accept_length.png",
     "performance": "throughput_latency.png",
     "latency_load": "latency_vs_load.png",
+    "latency_time": "latency_over_time.png",
+    "latency_cdf": "latency_cdf.png",
 }
 
 
@@ -237,4 +239,6 @@ def write_plots(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFram
         "accept_length": accept_length(df, out / PLOT_FILES["accept_length"]),
         "performance": throughput_latency(configs, out / PLOT_FILES["performance"]),
         "latency_load": latency_vs_load(configs, out / PLOT_FILES["latency_load"]),
+        "latency_time": latency_over_time(df, out / PLOT_FILES["latency_time"]),
+        "latency_cdf": latency_cdfs(df, out / PLOT_FILES["latency_cdf"]),
     }

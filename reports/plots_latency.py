@@ -41,3 +41,69 @@ def latency_vs_load(configs: pd.DataFrame, path: Path) -> Path:
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
     return save(fig, path)
+
+
+DISTRIBUTIONS = (("ttft", "TTFT (ms)"), ("itl", "ITL: mean gap per token (ms)"), ("e2e", "E2E latency (ms)"))
+MAX_POINTS = 20_000  # per pool and metric: a CDF or a time series drawn from more points looks the same
+
+
+def _gated(df: pd.DataFrame) -> pd.DataFrame:
+    from reports.controls import is_control
+
+    if not len(df) or "pool" not in df:
+        return df
+    return df[~df["pool"].map(is_control).astype(bool) & df["class"].ne("error")]
+
+
+def _thin(values: pd.Series) -> pd.Series:
+    return values if len(values) <= MAX_POINTS else values.iloc[:: -(-len(values) // MAX_POINTS)]
+
+
+def latency_over_time(df: pd.DataFrame, path: Path) -> Path:
+    """Per gated pool, each request's TTFT and E2E latency against its send time since the run's first request:
+    a server that slows down, stalls or recovers during a run shows here, where percentiles hide it."""
+    fig, axes = figure(1, 2, row_height=3.6)
+    fig.suptitle("Latency over the run, per request", fontweight="bold")
+    data = _gated(df)
+    for ax, (metric, label) in zip(axes.flat, (("ttft", "TTFT (ms)"), ("e2e", "E2E latency (ms)")), strict=True):
+        ax.set_title(label)
+        if not len(data) or data[metric].notna().sum() == 0 or data["t_start"].notna().sum() == 0:
+            empty(ax, f"no {label} data")
+            continue
+        t0 = data["t_start"].min()
+        for i, (pool, g) in enumerate(data.dropna(subset=[metric, "t_start"]).sort_values("t_start")
+                                      .groupby("pool", sort=True)):
+            g = _thin(g)
+            ax.scatter(g["t_start"] - t0, 1000 * g[metric], s=6, color=f"C{i}", label=str(pool), alpha=0.7)
+        ax.set_xlabel("send time since the run's first request (s)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, markerscale=2)
+    return save(fig, path)
+
+
+def latency_cdfs(df: pd.DataFrame, path: Path) -> Path:
+    """Per gated pool, the distribution (empirical CDF) of TTFT, ITL and E2E latency over its requests, with the
+    p50 / p90 / p99 marked: the shape of a tail, which three percentiles cannot show."""
+    fig, axes = figure(1, 3, width=13.0, row_height=3.6)
+    fig.suptitle("Latency distributions (CDF), per pool", fontweight="bold")
+    data = _gated(df)
+    for ax, (metric, label) in zip(axes.flat, DISTRIBUTIONS, strict=True):
+        ax.set_title(label)
+        if not len(data) or data[metric].notna().sum() == 0:
+            empty(ax, f"no {label} data")
+            continue
+        for i, (pool, g) in enumerate(data.groupby("pool", sort=True)):
+            values = _thin((1000 * g[metric].dropna()).sort_values().reset_index(drop=True))
+            if not len(values):
+                continue
+            share = (values.index + 1) / len(values)
+            ax.step(values, share, where="post", color=f"C{i}", label=str(pool))
+            for q in (0.5, 0.9, 0.99):
+                ax.axhline(q, color="#bbb", linewidth=0.6, linestyle=":")
+        ax.set_xlabel(label)
+        ax.set_ylabel("share of requests at or below")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlim(left=0)
+        ax.legend(fontsize=7)
+    return save(fig, path)

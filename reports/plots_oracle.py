@@ -46,33 +46,44 @@ def drift_floor(df: pd.DataFrame, tolerance: float | None, path: Path) -> Path:
     return save(fig, path)
 
 
+CELL_COLOURS = {"not reached": "#e0e0e0", "reached, all exact": "#66bb6a", "reached, some flagged": "#e57373"}
+
+
 def _grid(ax, cells: pd.DataFrame, column: str, flagged: str | None, title: str, block: int) -> None:
-    counts = np.full((block, block), np.nan)  # [commit_len - 1, step]
+    """One interval's (step, commit length) cells: grey not reached, green reached and all exact, red reached with
+    a flagged request (f/n written in it), hatched where no verify step can hold the boundary; with a legend."""
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    status = np.full((block, block), np.nan)  # [commit_len - 1, step]: 0 not reached, 1 exact, 2 flagged
     for r in cells.to_dict("records"):
-        counts[r["commit_len"] - 1, r["step"]] = r[column]
+        bad = int(r[flagged]) if flagged else 0
+        status[r["commit_len"] - 1, r["step"]] = 0.0 if not r[column] else (2.0 if bad else 1.0)
     extent = (-0.5, block - 0.5, 0.5, block + 0.5)
     impossible = np.fromfunction(lambda c, s: s > c, (block, block))
     ax.imshow(np.where(impossible, 1.0, np.nan), cmap="Greys", vmin=0, vmax=4, origin="lower", aspect="auto",
               extent=extent)
-    reached = np.where(counts > 0, 1.0, np.where(np.isnan(counts), np.nan, 0.0))
-    ax.imshow(reached, cmap="RdYlGn", vmin=-0.3, vmax=1.3, origin="lower", aspect="auto", extent=extent, alpha=0.6)
+    ax.imshow(status, cmap=ListedColormap(list(CELL_COLOURS.values())), vmin=-0.5, vmax=2.5, origin="lower",
+              aspect="auto", extent=extent)
     for r in cells.to_dict("records"):
-        text = str(int(r[column]))
+        if not r[column]:
+            continue
         bad = int(r[flagged]) if flagged else 0
-        if bad:
-            text = f"{bad}/{text}"
-        ax.text(r["step"], r["commit_len"], text, ha="center", va="center", fontsize=7,
-                color=HARD if bad else "black", fontweight="bold" if bad else "normal")
+        ax.text(r["step"], r["commit_len"], f"{bad}/{int(r[column])}" if flagged else str(int(r[column])),
+                ha="center", va="center", fontsize=7, color="black", fontweight="bold" if bad else "normal")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("verify step holding the boundary state")
     ax.set_ylabel("commit length")
     ax.set_xticks(range(block))
     ax.set_yticks(range(1, block + 1))
+    legend = [Patch(color=c, label=k) for k, c in CELL_COLOURS.items() if flagged or "flagged" not in k]
+    legend.append(Patch(facecolor="#f5f5f5", edgecolor="#999", label="impossible (step > commit length - 1)"))
+    ax.legend(handles=legend, fontsize=6, loc="upper left", framealpha=0.9)
 
 
 def boundary_coverage(coverage: pd.DataFrame | None, path: Path) -> Path:
     """Per interval, the (step, commit length) cells crossed in a verify step and restored by a later turn
-    (green: reached; red text: flagged / restored)."""
+    (grey: not reached; green: reached, all exact; red: reached with a flagged request, f/n written)."""
     summary = coverage_summary(coverage) if coverage is not None and len(coverage) else []
     fig, axes = figure(max(1, len(summary)), 2, width=12.0, row_height=3.8)
     fig.suptitle("Boundary-case coverage: (verify step holding the boundary, commit length) cells reached",

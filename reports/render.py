@@ -217,7 +217,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=references,
                          coverage=tables["coverage"], tree_shapes=tables["tree_shapes"],
-                         diagnosis=diagnose(judged, verdict.rate_findings), floor=floor,
+                         diagnosis=diagnose(judged, verdict.rate_findings), floor=floor, judged=judged,
                          warnings=_warnings(run, df) + floor.warnings(calibrated=calibrated))
     results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots", results.coverage,
                                 thresholds.drift_tolerance)

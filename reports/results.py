@@ -32,6 +32,7 @@ class RunResults:
     floor: NoiseFloor
     plots: dict[str, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    judged: pd.DataFrame | None = None  # the frame as the verdict judged it (path numerics apart), for its counts
 
     @property
     def run_id(self) -> str:
@@ -117,12 +118,12 @@ def attribution_text(row: dict) -> str:
         parts.append("no checkpoint restored")
     crossings = row.get("crossings") or []
     if crossings:
-        parts.append("crossed " + "; ".join(crossing_text(x) for x in crossings))
+        parts.append("this turn crossed " + "; ".join(crossing_text(x) for x in crossings))
     elif row.get("crossing_source") == "reported":
-        parts.append("no boundary crossed in a verify step")
+        parts.append("this turn's own verify steps crossed no boundary")
     elif row.get("crossing_source") == "inferred":
-        parts.append("no boundary crossed while decoding (from positions; the engine does not report verify "
-                     "steps)")
+        parts.append("this turn crossed no boundary while decoding (from positions; the engine does not report "
+                     "verify steps)")
     off = value_or_none(row.get("prompt_offset"))
     if off is not None:
         parts.append(f"prompt {row['input_len']} tokens = {signed(off)} from the nearest multiple of "
