@@ -22,6 +22,7 @@ from reports.html_sections import (
     diagnosis_section,
     floor_section,
     key_figures,
+    placement_section,
     sweep_section,
     verdict_header,
 )
@@ -67,7 +68,7 @@ def render_html(results: RunResults) -> str:
               coverage_section(r.coverage, _plot(r, "coverage"), r.tree_shapes), sweep_section(r.configs),
               latency_section(r.configs, "".join(_plot(r, n) for n in ("latency_time", "latency_cdf",
                                                                         "latency_load"))),
-              "<h2 id=plots>Plots</h2>"]
+              placement_section(r.config), "<h2 id=plots>Plots</h2>"]
     for name, path in r.plots.items():
         if name not in SECTION_PLOTS:
             parts.append(plot_img(Path(path), name.replace("_", " ")))

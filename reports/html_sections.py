@@ -16,7 +16,7 @@ MAX_BOUNDARY_ROWS = 80
 # the page's sections below the first screen: anchor -> title (the contents line links them)
 SECTIONS = {"diagnosis": "Diagnosis", "calibration": "Calibration", "floor": "Noise floor",
             "boundaries": "Per-boundary results", "coverage": "Coverage", "sweep": "Sweep points",
-            "latency": "Latency and load", "plots": "Plots", "cases": "Worst cases"}
+            "latency": "Latency and load", "placement": "Placement", "plots": "Plots", "cases": "Worst cases"}
 CONTENTS = ('<nav class="contents">Contents: '
             + " &middot; ".join(f'<a href="#{a}">{t}</a>' for a, t in SECTIONS.items()) + "</nav>")
 
@@ -200,3 +200,25 @@ def cache_pressure_text(configs: pd.DataFrame) -> str:
                      f"{what}: {total} at {hit} of {len(values)} sweep points"
                      + (f" ({unknown} unknown)" if unknown else ""))
     return "Cache pressure: " + "; ".join(parts) + "."
+
+
+def placement_section(config: dict) -> str:
+    """Where each replica ran (config.json's pools, harness/ray_pools.py): node, GPUs, CUDA_VISIBLE_DEVICES and
+    device, and a row per tensor-parallel rank actor; empty for a run that records none (external endpoints)."""
+    rows = []
+    for pool, p in (config.get("pools") or {}).items():
+        for r in p.get("replicas") or []:
+            where = r.get("placement")
+            if not isinstance(where, dict):
+                continue
+            for rank, seat in [(0, where), *enumerate(where.get("ranks") or [], start=1)]:
+                node = f"{seat.get('node_ip', '')} ({str(seat.get('node_id') or '')[:8]})"
+                rows.append({"pool": pool, "replica": r.get("replica_id"), "rank": rank, "node": node,
+                             "gpu_ids": ",".join(map(str, seat.get("gpu_ids") or [])) or "none",
+                             "CUDA_VISIBLE_DEVICES": repr(seat.get("cuda_visible_devices", "")),
+                             "device": seat.get("device", where.get("device"))})
+    if not rows:
+        return ""
+    return ("<h2 id=placement>Placement</h2><p>Where each replica and its tensor-parallel ranks ran, and the devices "
+            "each was given (its placement-group bundle).</p>"
+            + table(pd.DataFrame(rows), left=("pool", "replica", "node", "gpu_ids", "CUDA_VISIBLE_DEVICES", "device")))

@@ -64,3 +64,16 @@ def test_the_section_links_the_worst_cases_and_names_the_subsystem():
     html = where_section(STALE, "The evidence points at the restored checkpoints", [("case-1", "HARD a/1: x")])
     assert '<a href="#case-1">HARD a/1: x</a>' in html and "Most likely:</b> The evidence points" in html
     assert html.index("Every flagged request") < html.index("Most likely") < html.index("case-1")
+
+
+def test_the_placement_section_lists_each_replica_and_rank_with_its_devices():
+    from reports.html_sections import placement_section
+
+    seat = {"node_ip": "10.0.0.2", "node_id": "abcdef123456", "gpu_ids": ["0"], "cuda_visible_devices": "0",
+            "device": "NVIDIA H100"}
+    config = {"pools": {"i128": {"replicas": [{"replica_id": "i128-r0", "placement": {
+        **seat, "ranks": [{**seat, "gpu_ids": ["1"], "cuda_visible_devices": "1"}]}}]},
+        "reference": {"replicas": [{"replica_id": "reference-r0"}]}}}  # a run from before placements were kept
+    html = placement_section(config)
+    assert html.count("<tr") == 3 and "10.0.0.2 (abcdef12)" in html and "&#x27;1&#x27;" in html
+    assert placement_section({"pools": {}}) == ""
