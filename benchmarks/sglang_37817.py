@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--suite", type=Path, default=MODEL / "frozen.jsonl", help="the frozen boundary suite (the "
                     "committed one, cut in the model's tokenizer)")
-    ap.add_argument("--load-requests", type=int, default=256, help="requests of the load run (0: none)")
+    ap.add_argument("--load-requests", type=int, default=64, help="requests of the load run per concurrency level (0: "
+                    "none)")
     ap.add_argument("--concurrency", default="1,4,8,16", help="the load run's concurrency levels")
     ap.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "sglang-37817")
     ap.add_argument("--servers", type=Path, help="a servers.json of servers already running (see above)")

@@ -74,6 +74,7 @@ def restores(df: pd.DataFrame, trace: dict[str, list[dict]]) -> pd.DataFrame:
         rows.append({"key": r["key"], "case": r["case_id"], "turn": int(r["turn"]), "interval": r["interval"],
                      "class": r["class"], "restore": kind, "checkpoint": int(r["cached_tokens"]),
                      "margin": r["ref_margin"], "drift": r["drift"], "prompt_offset": r["prompt_offset"],
+                     "window": r.get("window_status"), "window_drift": r.get("window_drift"),
                      **({f"cell_{k}": v for k, v in cell.items()} if cell else {})})
     return pd.DataFrame(rows)
 
@@ -104,6 +105,9 @@ def summarize(run_dir: Path, exit_code: int, logs: list[str | None]) -> dict:
             "cells": [[*k, *v] for k, v in sorted(cells.items())],
             "verify_steps": len(steps), "accepted_drafts": sum(row["commit"] - 1 for row in steps),
             "sglang_accept_length": round(float(pd.to_numeric(df["spec_accept_length"], errors="coerce").mean()), 3),
+            "windows": {k: [int((g["window"] == "flagged").sum()), int(g["window"].isin(["compared", "flagged"]).sum()),
+                            float(pd.to_numeric(g["window_drift"], errors="coerce").max())]
+                        for k, g in rs.groupby("restore") if k != "nothing"},
             "remaining": flagged[["key", "class", "restore", "margin", "drift", "prompt_offset"]].to_dict("records")}
 
 
@@ -116,8 +120,8 @@ def load_table(run_dir: Path, exit_code: int) -> dict:
     return {"verdict": VERDICTS.get(exit_code, f"exit {exit_code}"), "run": str(run_dir), "points": rows}
 
 
-def _pct(n: int, d: int) -> str:
-    return f"{n}/{d}"
+def _row(label: str, unpatched, patched) -> str:
+    return f"{label:<50}{unpatched!s:>18}{patched!s:>18}"
 
 
 def table(results: dict, version: str) -> str:
@@ -125,23 +129,22 @@ def table(results: dict, version: str) -> str:
     u, p = results["unpatched"]["frozen"], results["patched"]["frozen"]
     lines = [f"SGLang {version} ('unpatched') against {version} + fix-pr37818.diff ('patched'), a trained tiny "
              "Qwen3-Next + DFlash drafter (B=8), fp32, CPU", "",
-             f"{'frozen boundary suite':<46}{'unpatched':>16}{'patched':>16}",
-             f"{'verdict':<46}{u['verdict']:>16}{p['verdict']:>16}",
-             f"{'cases (sessions)':<46}{u['cases']:>16}{p['cases']:>16}",
-             f"{'requests':<46}{u['requests']:>16}{p['requests']:>16}",
-             f"{'mismatching cases':<46}{u['mismatching_cases']:>16}{p['mismatching_cases']:>16}"]
-    for cls in FLAGGED:
-        lines.append(f"{'  requests ' + cls:<46}{u['classes'].get(cls, 0):>16}{p['classes'].get(cls, 0):>16}")
-    names = {"verify": "restored a checkpoint a verify step crossed", "prefill": "restored a prefill checkpoint",
+             _row("frozen boundary suite", "unpatched", "patched"), _row("verdict", u["verdict"], p["verdict"]),
+             _row("cases (sessions)", u["cases"], p["cases"]), _row("requests", u["requests"], p["requests"]),
+             _row("mismatching cases", u["mismatching_cases"], p["mismatching_cases"])]
+    lines += [_row(f"  requests {cls}", u["classes"].get(cls, 0), p["classes"].get(cls, 0)) for cls in FLAGGED]
+    names = {"verify": "restored a verify-crossed checkpoint", "prefill": "restored a prefill checkpoint",
              "other": "restored another request's checkpoint", "nothing": "restored nothing"}
-    for kind, name in names.items():
-        lines.append(f"{'  ' + name + ': flagged':<46}{_pct(u['restores'][kind][1], u['restores'][kind][0]):>16}"
-                     f"{_pct(p['restores'][kind][1], p['restores'][kind][0]):>16}")
-    lines.append(f"{'accepted drafts per verify step (server trace)':<46}"
-                 + "".join(f"{s['accepted_drafts'] / max(1, s['verify_steps']):>16.2f}" for s in (u, p)))
-    lines.append(f"{'  verify steps':<46}{u['verify_steps']:>16}{p['verify_steps']:>16}")
-    lines.append(f"{'  SGLang accept length (output tokens/step)':<46}{u['sglang_accept_length']:>16.2f}"
-                 f"{p['sglang_accept_length']:>16.2f}")
+    lines += [_row(f"  {name}: flagged", "{1}/{0}".format(*u["restores"][k]), "{1}/{0}".format(*p["restores"][k]))
+              for k, name in names.items()]
+    for kind in ("verify", "prefill"):
+        cells = ["{}/{}, max {:.0e}".format(*s["windows"][kind]) if kind in s["windows"] else "-" for s in (u, p)]
+        lines.append(_row(f"  restore windows past tolerance ({kind})", *cells))
+    lines += [_row("accepted drafts per verify step (server trace)",
+                   *(f"{s['accepted_drafts'] / max(1, s['verify_steps']):.2f}" for s in (u, p))),
+              _row("  verify steps", u["verify_steps"], p["verify_steps"]),
+              _row("  SGLang accept length (output tokens per step)", f"{u['sglang_accept_length']:.2f}",
+                   f"{p['sglang_accept_length']:.2f}")]
     lines += ["", "boundary cells of the restored checkpoints (the verify step that crossed them, from the servers' "
               "trace): step, commit length, step SGLang tracked (-1: none), turns restoring it (flagged)"]
     for name, s in (("unpatched", u), ("patched", p)):
