@@ -151,23 +151,35 @@ def control_tests(gated: pd.DataFrame, calibration: Mapping[str, Mapping], trust
                   ) -> list[RateTest]:
     """Per gated pool and sweep point: its flips against its controls' (config.json `calibration.per_pool`:
     `controls`, and `flips_by_point`, their [answered, flipped] per sweep point; `trusted`: the trusted run they
-    come from, with --baseline-run). Pools without a calibration, and sweep points the controls did not serve, are
-    not tested."""
+    come from, with --baseline-run); and, where the pool has more than one such sweep point, the pool over all of
+    them as strata (an excess spread thinly over the sweep points adds up there). Pools without a calibration, and
+    sweep points the controls did not serve, are not tested."""
     out: list[RateTest] = []
     answered = let_through(gated)
     if not len(answered):
         return out
     events, point = flip_events(answered), points(answered)
+    strata: dict[str, list[Stratum]] = {}
     for (pool, pt), idx in answered.groupby([answered["pool"].astype(str), point], sort=True).groups.items():
         cal = calibration.get(pool) or {}
         base = (cal.get("flips_by_point") or {}).get(pt)
         if not base or not base[0]:
             continue
-        controls = " + ".join(cal.get("controls") or ())
-        what = f"the trusted run's {controls}" if trusted else controls
-        test = exact_test([Stratum(int(events[idx].sum()), len(idx), int(base[1]), int(base[0]))])
-        out.append(RateTest("controls", "flip", pool, str(pt), "its turns", f"{what} (every token flip)", test))
+        stratum = Stratum(int(events[idx].sum()), len(idx), int(base[1]), int(base[0]))
+        strata.setdefault(pool, []).append(stratum)
+        out.append(RateTest("controls", "flip", pool, str(pt), "its turns", _controls(cal, trusted),
+                            exact_test([stratum])))
+    for pool, s in strata.items():
+        if len(s) > 1:
+            out.append(RateTest("controls", "flip", pool, None, "its turns", _controls(calibration[pool], trusted),
+                                exact_test(s), len(s)))
     return out
+
+
+def _controls(cal: Mapping, trusted: str | None) -> str:
+    """What a pool is compared with, e.g. `ctl-i128-spec + ctl-i128-cache (every token flip)`."""
+    controls = " + ".join(cal.get("controls") or ())
+    return f"the trusted run's {controls} (every token flip)" if trusted else f"{controls} (every token flip)"
 
 
 def _restore_groups(g: pd.DataFrame) -> tuple[pd.Series, pd.Series]:

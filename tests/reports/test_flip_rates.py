@@ -150,3 +150,18 @@ def test_a_clean_pool_raises_nothing():
     tests = rate_tests(df, {"i128": {"controls": ["ctl-i128-spec"], "flips_by_point": {"c4": [74, 4]}}})
     assert tests and not any(t.significant for t in tests)
     assert min(t.test.p for t in tests) > 0.3
+
+
+def test_a_pool_over_its_sweep_points_as_strata_adds_up_an_excess_spread_thinly():
+    rows = []
+    for point in ("c1", "c4", "c8", "c16"):
+        rows += pool_rows("i128", point, unrestored=(9, 74))
+    cal = {"i128": {"controls": ["ctl-i128-spec", "ctl-i128-cache"],
+                    "flips_by_point": {p: [148, 6] for p in ("c1", "c4", "c8", "c16")}}}
+    tests = control_tests(frame(rows), cal)
+    per_point = [t for t in tests if t.point]
+    pooled = next(t for t in tests if t.point is None)
+    assert len(per_point) == 4 and all(t.test.p == fisher_greater(9, 74, 6, 148) for t in per_point)
+    assert (pooled.strata, pooled.test.events_a, pooled.test.turns_a) == (4, 36, 296)
+    assert pooled.test.p < 0.001 / 5 < min(t.test.p for t in per_point)  # 12% against 4%: only the pool sees it
+    assert "pool i128 (4 sweep points as strata): " in pooled.text()
