@@ -228,23 +228,24 @@ def concentration_tests(gated: pd.DataFrame) -> list[RateTest]:
     return out
 
 
-WHERE = {"verify_crossed": "in turns that restored a checkpoint crossed inside a verify step, more than in restores of "
-                           "one crossed outside any (the speculation x cache interplay: checkpoint tracking in "
-                           "verify steps, the #37817 class)",
-         "restored": "in turns that restored a checkpoint, more than in turns that restored nothing (the restored "
-                     "checkpoints: caching / checkpoint tracking, or the speculation x cache interplay)",
-         "controls": "more than in the clean controls of the pool's paths (its own combination of speculation and "
-                     "caching, not either path's numerics)"}
+WHERE = {"verify_crossed": ("in turns that restored a checkpoint crossed inside a verify step, more than in restores "
+                            "of one crossed outside any", "the speculation x cache interplay: checkpoint tracking in "
+                            "verify steps, the #37817 class"),
+         "restored": ("in turns that restored a checkpoint, more than in turns that restored nothing",
+                      "the restored checkpoints: caching / checkpoint tracking, or the speculation x cache interplay"),
+         "controls": ("more than in the clean controls of the pool's paths",
+                      "its own combination of speculation and caching, which neither control runs")}
 
 
 def where_rates_point(findings: list[RateTest] | tuple[RateTest, ...]) -> str:
     """Where significant rate tests point, the most specific first (verify-crossed restores, restores, the pool's
-    path), with the pools, e.g. `in turns that restored a checkpoint, more than ... (pool i128)`."""
+    paths), e.g. `in turns that restored a checkpoint, more than in turns that restored nothing, in pool(s) i128
+    (the restored checkpoints: ...)`."""
     parts = []
-    for kind, what in WHERE.items():
+    for kind, (what, why) in WHERE.items():
         pools = sorted({t.pool for t in findings if t.kind == kind})
         if pools:
-            parts.append(f"{what} (pool(s) {', '.join(pools)})")
+            parts.append(f"{what}, in pool(s) {', '.join(pools)} ({why})")
     return "; ".join(parts)
 
 

@@ -294,7 +294,8 @@ def test_flips_piling_up_point_where_no_single_turn_was_flagged():
     assert d.subsystem == "undiagnosed"
     assert d.headline.startswith("No single request was flagged, but flips pile up where numerics do not put them: "
                                  "in turns that restored a checkpoint, more than in turns that restored nothing")
-    assert d.headline.endswith("(pool(s) i128); --diagnose would tell which subsystem.")
+    assert d.headline.endswith(", in pool(s) i128 (the restored checkpoints: caching / checkpoint tracking, or the "
+                               "speculation x cache interplay); --diagnose would tell which subsystem.")
     assert d.evidence[0].startswith("flips pile up: pool i128: token flips let through as soft, turns that restored ")
     assert "i128 (full) flagged 0/6 (3 restored a checkpoint, flips pile up in 1 rate test(s))" in d.evidence
 
