@@ -3,10 +3,10 @@
 Runs when `.venv-sglang` exists (`make sglang`); CI builds it first and sets SPECGATE_REQUIRE_SGLANG=1, so there a
 missing SGLang fails this test instead of skipping it (tests/sglang_setup/server.py). The model is built, not
 downloaded (`python -m harness.models build --arch llama`, with SGLang's interpreter). The workload: the first
-frozen sessions, built in the model's own tokens, at concurrency 4 (concurrency 1 and the hybrid path's radix
-restores and restore windows are tests/e2e/test_sglang_37818.py's, on SGLang's DFLASH + extra_buffer path). On CPU SGLang refuses DFLASH and
-extra_buffer, so the candidate runs the radix cache without speculation: the run says so and the gate judges
-what it has, the radix-cache path against the cold reference. Every candidate record carries SGLang's
+frozen sessions, built in the model's own tokens, at concurrency 4 (concurrency 1, and radix restores and restore
+windows on the hybrid DFLASH + extra_buffer path, are tests/e2e/test_sglang_37818.py's). On CPU SGLang refuses
+DFLASH and extra_buffer, so the candidate runs the radix cache without speculation: the run says so and the gate
+judges what it has, the radix-cache path against the cold reference. Every candidate record carries SGLang's
 `cached_tokens`, and the second turns hit the radix cache for real (> 0). Llama in fp32 on SGLang matches
 transformers' own greedy continuation (`hf_build.py continue`), an oracle independent of SGLang.
 """
