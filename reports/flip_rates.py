@@ -196,6 +196,7 @@ def _restore_groups(g: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 
 def _stratified(events: pd.Series, a: pd.Series, b: pd.Series, point: pd.Series) -> tuple[ExactTest, int]:
+    """The exact test of `events` in rows `a` against rows `b`, one stratum per sweep point either holds."""
     strata = []
     for pt in sorted(set(point[a | b])):
         at = point.eq(pt)
@@ -274,11 +275,11 @@ def rates_table(tests: list[RateTest] | tuple[RateTest, ...]) -> pd.DataFrame:
                                        "level", "found"])
 
 
-def family_of(tests: list[RateTest], alpha: float = ALPHA) -> list[RateTest]:
-    """The run's tests with the level Tarone's procedure gives the family (reports/exact_test.py)."""
+def family_of(tests: list[RateTest]) -> list[RateTest]:
+    """The run's tests with the level Tarone's procedure gives the family at ALPHA (reports/exact_test.py)."""
     if not tests:
         return []
-    level, k = tarone_level([t.test.p_min for t in tests], alpha)
+    level, k = tarone_level([t.test.p_min for t in tests], ALPHA)
     return [replace(t, level=level, family=k) for t in tests]
 
 
