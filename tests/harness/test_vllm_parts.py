@@ -18,7 +18,11 @@ BYTE_TOKENIZER = str(Path(__file__).resolve().parents[2] / "protocol" / "data" /
 
 
 def _frame(rows):
-    return pd.DataFrame(rows, columns=["class", "drift", "ref_margin"])
+    """An analyzed control frame: one sweep point (c1); a turn flipped where it has a margin at its flip."""
+    df = pd.DataFrame(rows, columns=["class", "drift", "ref_margin"])
+    df["first_divergence"] = df["ref_margin"].notna().map({True: 3, False: None})
+    df["key"], df["pool"], df["concurrency"] = [f"s{i}/0" for i in range(len(df))], "baseline", 1
+    return df
 
 
 @pytest.mark.parametrize("rows, given, tolerance, margin, flips", [
@@ -32,6 +36,7 @@ def test_calibration_table(rows, given, tolerance, margin, flips):
     assert cal.drift_tolerance == pytest.approx(tolerance) and cal.margin_threshold == pytest.approx(margin)
     assert cal.flips == flips and cal.requests == sum(r[0] != "error" for r in rows)
     assert cal.tolerance_source == ("--drift-tolerance" if given else "calibrated")
+    assert cal.flips_by_point == {"c1": [cal.requests, flips]}
     assert "clean baseline" in cal.text()
 
 

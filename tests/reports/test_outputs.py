@@ -124,7 +124,7 @@ def test_html_is_self_contained_verdict_first_and_escaped(fault_run):
     assert page.count('src="data:image/png;base64,') == len(PLOT_FILES)
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     verdict = page.index('class="word">FAIL<')
-    assert verdict < page.index("Per-boundary results") < page.index("<h2>Plots") < page.index("Worst cases")
+    assert verdict < page.index("<h2 id=boundaries>") < page.index("<h2 id=plots>") < page.index("<h2 id=cases>")
     first_hard, first_soft = page.index('class="case hard"'), page.index('class="case soft"')
     assert first_hard < first_soft < page.index('class="case error"')
     assert 'class="first">200<' in page  # the candidate's first divergent token id is highlighted
@@ -155,9 +155,11 @@ def test_plots_render_with_zero_mismatches_and_no_spec_data(tmp_path):
 def test_diagnosis_comes_first_and_the_drift_floor_has_its_section(fault_run):
     run_dir, _ = fault_run
     page = (run_dir / "report.html").read_text()
-    assert page.index('class="verdict fail"') < page.index('class="diag"') < page.index('class="figures"')
-    assert "The evidence points at the restored checkpoints" in page
-    assert page.index("Log-prob drift and the noise floor") < page.index("Per-boundary results")
+    # the verdict, then where the flagged requests are with the diagnosis' headline, the key figures, the diagnosis
+    where = page.index('class="where"')
+    assert page.index('class="verdict fail"') < where < page.index('class="figures"') < page.index('class="diag"')
+    assert "The evidence points at the restored checkpoints" in page[where:page.index('class="figures"')]
+    assert page.index("<h2 id=floor>") < page.index("<h2 id=boundaries>")
     assert "Boundary-case coverage" in page and "Cache pressure: checkpoint evictions: unknown" in page
     assert (run_dir / "coverage.csv").is_file()
 
@@ -197,7 +199,7 @@ def test_tree_shapes_are_written_and_shown_beside_the_cells(tmp_path):
     got = {r["shape"]: (r["requests"], r["designed"], r["designed_reached"]) for r in shapes.to_dict("records")}
     assert got == {"checkpoint": (1, 1, 1), "split": (0, 1, 0), "deeper": (2, 1, 1), "sibling": (0, 0, 0)}
     page = (run_dir / "report.html").read_text()
-    assert page.index("Boundary-case coverage") < page.index("Tree shapes") < page.index("Sweep points")
+    assert page.index("<h2 id=coverage>") < page.index("<h3>Tree shapes") < page.index("<h2 id=sweep>")
     assert "interval 256: 1 of 1 requests designed to reach <code>split</code> did not" in page
     summary = (run_dir / "summary.md").read_text()
     assert "Tree shapes at interval 256 (restored requests, flagged): checkpoint 1 (0), split 0 (0), deeper 2 (0)" \
