@@ -4,7 +4,10 @@ For every fault it runs the same command twice, in fp32 (the exact target) and i
 controls), plus clean bf16 runs, and prints per fault: the bf16 verdict; the affected turns and how many the bf16
 gate flagged; the resolvable ones among them and how many were flagged; what it flagged outside them (and how
 many of those restored another checkpoint than in the fp32 run: batch timing); how many were flagged by their
-restore window (reports/window.py).
+restore window (reports/window.py); and the flip-rate tests (reports/flip_rates.py) of the bf16 run, re-judged
+with the current gate: the smallest p-value of its family, the level each test is held to, the tests that found
+flips piling up, and whether they alone decide the verdict (the run would have passed without them). With
+--no-fp32 only the bf16 runs are made (the resolvable column then counts every affected turn).
 
 The affected turns of a run are the ones its engine reports the fault reached (`injected_fault_hit`: they
 resumed from, or computed, a state the fault corrupted; engine/cache/state_pool.py), so each dtype's run is
@@ -20,7 +23,7 @@ bf16 run but not in the fp32 one has no measured effect and counts as resolvable
 Runs already in RUNS_DIR are reused with --reuse.
 
     python benchmarks/fault_matrix.py [--intervals 128] [--concurrency 4] [--seed 0] [--clean-seeds 0,1,2]
-                                      [--faults a,b] [--runs-dir runs/fault-matrix] [--reuse]
+                                      [--faults a,b] [--runs-dir runs/fault-matrix] [--reuse] [--no-fp32]
                                       [-- extra harness.run flags]
 """
 
@@ -38,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.faults import EVICT_MATCHED_CHECKPOINT, FAULTS, TRACK_DROPPED_ON_BATCH_CHANGE  # noqa: E402
+from reports.render import render_run  # noqa: E402
 
 TIMING_FAULTS = {TRACK_DROPPED_ON_BATCH_CHANGE}
 # a fault that only acts under cache pressure runs with a state pool small enough to evict
@@ -65,6 +69,22 @@ def gated(run_dir: Path) -> pd.DataFrame:
 def headline(run_dir: Path) -> str:
     lines = (run_dir / "summary.md").read_text().splitlines()
     return lines[2].strip("*") if len(lines) > 2 else "?"
+
+
+def rate_figures(run_dir: Path) -> dict:
+    """The run re-judged with the flip-rate tests (reports/flip_rates.py): the smallest p-value of its family and
+    that test, the family's per-test level, the tests that found flips piling up, and whether they alone decide a
+    FAIL (without them it would have passed, or been INCONCLUSIVE)."""
+    verdict = render_run(run_dir)
+    tests = verdict.rate_tests
+    first = min(tests, key=lambda t: t.test.p) if tests else None
+    return {"rates: smallest p": f"{first.test.p:.2g} ({first.pool}{' ' + first.point if first.point else ''} "
+                                 f"{first.kind} {first.event}: {first.test.events_a}/{first.test.turns_a} vs "
+                                 f"{first.test.events_b}/{first.test.turns_b})" if first else "",
+            "rates: level": f"0.001/{first.family}" if first else "",
+            "rates: found": "; ".join(f"{t.pool}{' ' + t.point if t.point else ''} {t.kind} {t.event} p={t.test.p:.2g}"
+                                      for t in verdict.rate_findings),
+            "rates decide": "yes" if verdict.decided_by_rates else ""}
 
 
 def hits(df: pd.DataFrame) -> set[str] | None:
@@ -100,8 +120,10 @@ def row(runs: Path, fault: str | None, name: str, floor: tuple[float, float]) ->
     """One fault's figures (module doc). `floor`: noise(); an affected turn whose own effect (its fp32 drift, of
     its window or its outputs: fp32 numerics move them by ~1e-5) stays within it is below bf16's resolution."""
     bf16_dir = runs / f"bf16-{name}"
+    rates = rate_figures(bf16_dir)  # first: it re-renders the run with the current gate
     bf16 = gated(bf16_dir)
-    fp32 = gated(runs / f"fp32-{name}") if fault else bf16.iloc[:0]
+    fp32_dir = runs / f"fp32-{name}"
+    fp32 = gated(fp32_dir) if fault and (fp32_dir / "requests.csv").exists() else bf16.iloc[:0]
     hit = affected(fault, fp32, bf16)
     flagged = set(bf16.loc[bf16["class"].isin(FLAGGED), "key"])
     window = set(bf16.loc[bf16["window_status"].eq("flagged") & bf16["class"].isin(FLAGGED), "key"]) \
@@ -133,7 +155,7 @@ def row(runs: Path, fault: str | None, name: str, floor: tuple[float, float]) ->
     return {"fault": name, "verdict": headline(bf16_dir), **fp32_check, "affected flagged": share(flagged & hit, hit),
             "resolvable flagged": share(flagged & resolvable, resolvable),
             "outside": len(outside), "outside, restored otherwise than in fp32": len(other_restore),
-            "by the window": len(window & hit)}
+            "by the window": len(window & hit), **rates}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default="all", help="comma-separated fault names, or all")
     parser.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "fault-matrix")
     parser.add_argument("--reuse", action="store_true", help="keep runs already in RUNS_DIR")
+    parser.add_argument("--no-fp32", action="store_true", help="bf16 runs only (no fp32 twin: the resolvable "
+                        "column then counts every affected turn)")
     parser.add_argument("extra", nargs="*", help="more harness.run flags (after --)")
     args = parser.parse_args(argv)
     faults = list(FAULTS) if args.faults == "all" else args.faults.split(",")
@@ -161,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         name = fault or clean[seeds.index(seed)]
         fault_args = ["--inject-fault", fault, *FAULT_ARGS.get(fault, [])] if fault else []
         flags = [*base, "--seed", str(seed), *fault_args]
-        if fault:
+        if fault and not args.no_fp32:
             code, took = run(args.runs_dir, f"fp32-{name}", flags, args.reuse)
             print(f"fp32 {name}: exit {code} in {took:.0f}s", file=sys.stderr, flush=True)
         code, took = run(args.runs_dir, f"bf16-{name}", [*flags, "--dtype", "bfloat16"], args.reuse)
