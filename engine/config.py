@@ -39,6 +39,10 @@ class EngineConfig:
                          "engines do (its own numerics, docs/engine.md); the LM head runs in it and the logits are "
                          "converted to fp32 for log-softmax and sampling", "model", DTYPES)
     force_torch_kernels: bool = setting(False, "use the torch reference kernels even on CUDA (A/B checks)", "model")
+    enable_deterministic_inference: bool = setting(
+        False, "SGLang's flag: a request's tokens and log-probs are bit-identical whatever else is in its batch, "
+        "whether its positions were verified or decoded, and whether its prefix was restored from a checkpoint or "
+        "prefilled (every token is computed as its lone decode step: engine/deterministic.py; slower)", "model")
     speculative_algorithm: str = setting("NONE", "DFLASH: block drafts verified in one target forward; NONE: plain "
                                          "decoding", "speculative decoding", SPEC_ALGORITHMS)
     speculative_num_draft_tokens: int = setting(8, "DFlash block size B (tokens drafted and verified per step)",

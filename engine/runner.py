@@ -13,6 +13,7 @@ import torch
 from engine import kernels
 from engine.cache import KVPool, ModelCaches
 from engine.config import EngineConfig
+from engine.deterministic import TokenByToken
 from engine.model.attention import gather_kv
 from engine.model.batch import ForwardBatch
 from engine.model.config import HybridConfig, preset
@@ -74,6 +75,8 @@ class ModelRunner:
             self.draft_kv = KVPool(mcfg.drafter_num_layers, num_pages, cfg.page_size, mcfg.num_key_value_heads,
                                    mcfg.head_dim, dtype=self.dtype, device=self.device)
         self.capture = mcfg.drafter_target_layers if self.drafter is not None else ()
+        # --enable-deterministic-inference: every token computed as its lone decode step (engine/deterministic.py)
+        self.token_by_token = TokenByToken(self) if cfg.enable_deterministic_inference else None
 
     @property
     def kv(self) -> KVPool:
@@ -125,6 +128,9 @@ class ModelRunner:
         `logits_from` in [start, start+T) it returns the logits of positions [logits_from, start+T) instead,
         [start+T - logits_from, V] (the last row is the last position's): a request scoring its prompt.
         """
+        if self.token_by_token is not None:
+            return _host(self.token_by_token.extend(tokens, start, pages, slot, track_slot, track_offset,
+                                                    logits_from))
         fb = self._fb([start], len(tokens), [pages], [slot], verify=False)
         if track_offset >= 0:
             fb.track_slots = torch.tensor([track_slot], dtype=torch.long, device=self.device)
@@ -139,6 +145,8 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, tokens: list[int], starts: list[int], pages: list[list[int]], slots: list[int]) -> torch.Tensor:
         """One token per sequence at position starts[b]; states advance. Returns logits [B, V]."""
+        if self.token_by_token is not None:
+            return _host(self.token_by_token.decode(tokens, starts, pages, slots))
         fb = self._fb(starts, 1, pages, slots, verify=False)
         hidden, aux = self.model(torch.tensor(tokens, device=self.device)[:, None], fb, self.caches)
         if aux is not None:
@@ -151,6 +159,10 @@ class ModelRunner:
 
         Returns logits [B, T, V]; the intermediate states stay here for `commit_verify`.
         """
+        if self.token_by_token is not None:
+            logits, fb, aux = self.token_by_token.verify(blocks, starts, pages, slots)
+            self._last_verify = (fb, aux)
+            return _host(logits)
         T = len(blocks[0])
         fb = self._fb(starts, T, pages, slots, verify=True)
         hidden, aux = self.model(torch.tensor(blocks, device=self.device), fb, self.caches)
