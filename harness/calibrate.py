@@ -14,7 +14,9 @@ the largest reference margin at which a control flipped a token); the soft-flip 
 allowed = max(--max-soft-rate, SOFT_FACTOR x the controls' flip rate p, p + SOFT_SIGMAS x the binomial spread
 of p over the gated pool's n requests, sqrt(p(1 - p)/n)): a flip rate measured on a few dozen requests is itself
 noisy, so a clean pool's share of near-tie flips may exceed twice the controls' by chance. A tolerance given
-with --drift-tolerance is kept (the calibration is still reported). The result goes into
+with --drift-tolerance is kept (the calibration is still reported). Under --deterministic a pool whose controls
+show no drift at all and no flip is compared exactly (`exact`: tolerance and margin threshold 0, the restore and
+window checks at 0, no envelope): any drift is flagged, no flip is soft. The result goes into
 config.json (`calibration`, with `per_pool`, and `gate`); the report shows it.
 """
 
@@ -74,6 +76,9 @@ class Calibration:
     # per sweep point, [answered, flipped] turns of the controls together: what the soft-excess test (reports/
     # flip_rates.py) compares each sweep point of the pool with
     flips_by_point: dict[str, list[int]] | None = None
+    # --deterministic, and the controls showed no drift at all and no flip: the pool is compared exactly (drift
+    # tolerance 0 on every check, margin threshold 0: any drift is flagged, no flip is soft)
+    exact: bool = False
 
     def text(self) -> str:
         """One sentence for the report."""
@@ -92,6 +97,9 @@ class Calibration:
                      f"{', '.join(map(str, LADDER[:3]))} prompt tokens past a restored checkpoint"
                      if self.window_envelope is not None else "")
                   if self.window_tolerance is not None else "")
+        if self.exact:
+            return (f"clean {what}, {self.requests} requests vs the reference): {drift}, {flips} in deterministic "
+                    "mode: EXACT, any drift is flagged and no flip is soft (tolerance 0, margin threshold 0)")
         return (f"clean {what}, {self.requests} requests vs the reference): {drift}, {flips}; gate drift "
                 f"tolerance {self.drift_tolerance:.3g} ({self.tolerance_source}), margin threshold "
                 f"{self.margin_threshold:.3g}{restore}{envelope}{window}")
@@ -102,8 +110,9 @@ def _finite(values) -> list[float]:
 
 
 def calibrate(control_df, gate: GateThresholds, tolerance_given: bool,
-              controls: tuple[str, ...] = (BASELINE_POOL,)) -> Calibration:
-    """The calibration from control pools' analyzed requests (reports.analyze frame)."""
+              controls: tuple[str, ...] = (BASELINE_POOL,), deterministic: bool = False) -> Calibration:
+    """The calibration from control pools' analyzed requests (reports.analyze frame). With `deterministic` (the
+    run's --deterministic) controls that answered with no drift at all and no flip make the pool exact."""
     answered = control_df[control_df["class"] != "error"] if len(control_df) else control_df
     drifts = _finite(answered["drift"]) if len(answered) else []
     flipped = answered[answered["class"].isin(["soft", "hard"])] if len(answered) else answered
@@ -112,9 +121,12 @@ def calibrate(control_df, gate: GateThresholds, tolerance_given: bool,
     flip_margin = max(margins) if margins else None
     tolerance = gate.drift_tolerance if tolerance_given else max(DRIFT_FLOOR, DRIFT_FACTOR * (drift_max or 0.0))
     margin = max(gate.margin_threshold, MARGIN_FACTOR * (flip_margin or 0.0))
+    exact = deterministic and not tolerance_given and drift_max == 0 and not len(flipped)
+    if exact:
+        tolerance, margin = 0.0, 0.0
     return Calibration(len(answered), drift_max, len(flipped), flip_margin, tolerance, margin,
                        "--drift-tolerance" if tolerance_given else "calibrated", tuple(controls),
-                       flips_by_point=flips_by_point(control_df))
+                       flips_by_point=flips_by_point(control_df), exact=exact)
 
 
 def _pool_shapes(df) -> dict[str, tuple[str, int | None]]:
@@ -126,8 +138,8 @@ def _pool_shapes(df) -> dict[str, tuple[str, int | None]]:
     return out
 
 
-def per_path(df, source_df, gate: GateThresholds, tolerance_given: bool, from_run: bool
-             ) -> tuple[dict[str, Calibration], list[str]]:
+def per_path(df, source_df, gate: GateThresholds, tolerance_given: bool, from_run: bool,
+             deterministic: bool = False) -> tuple[dict[str, Calibration], list[str]]:
     """Per pool of `df`: its Calibration from the controls in `source_df` (this run's, or a trusted run's with
     `from_run`), and the pools no control shares a path with (they keep the configured thresholds)."""
     present = set(map(str, source_df["pool"].dropna())) if len(source_df) else set()
@@ -142,7 +154,8 @@ def per_path(df, source_df, gate: GateThresholds, tolerance_given: bool, from_ru
         if not ctrls:
             uncalibrated.append(pool)
             continue
-        out[pool] = calibrate(source_df[source_df["pool"].isin(ctrls)], gate, tolerance_given, tuple(ctrls))
+        out[pool] = calibrate(source_df[source_df["pool"].isin(ctrls)], gate, tolerance_given, tuple(ctrls),
+                              deterministic)
     return out, uncalibrated
 
 
@@ -191,6 +204,14 @@ def with_envelope(cal: Calibration, sums: dict[str, list[tuple[float, ...]]]) ->
     return replace(cal, envelope=env.limits) if env is not None else cal
 
 
+def exact_limits(cal: Calibration) -> Calibration:
+    """An exact pool's restore and window checks at tolerance 0, and no envelope (tolerance 0 flags first)."""
+    if not cal.exact:
+        return cal
+    return replace(cal, restore_tolerance=None if cal.restore_tolerance is None else 0.0, envelope=None,
+                   window_tolerance=None if cal.window_tolerance is None else 0.0, window_envelope=None)
+
+
 def _text(cals: dict[str, Calibration], uncalibrated: list[str], source: str) -> str:
     gated = {p: c for p, c in cals.items() if not is_control(p)}
     groups: dict[tuple, list[str]] = {}
@@ -233,9 +254,10 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
         source = f"from the trusted run {baseline_run}: "
     else:
         source_run, source_df = run, df[df["pool"].map(is_control)]
-    cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run))
+    deterministic = bool((config.get("run_config") or {}).get("deterministic"))
+    cals, uncalibrated = per_path(df, source_df, gate, tolerance_given, bool(baseline_run), deterministic)
     sums = ladder_sums_by_pool({c for cal in cals.values() for c in cal.controls}, source_run)
-    cals = {p: with_window_limits(with_envelope(with_restore_tolerance(c, source_run), sums), source_run)
+    cals = {p: exact_limits(with_window_limits(with_envelope(with_restore_tolerance(c, source_run), sums), source_run))
             for p, c in cals.items()}
     per_pool = {p: limits_of(c) for p, c in cals.items()}
     gated = [c for p, c in cals.items() if not is_control(p)]
@@ -253,6 +275,7 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
         "requests": sum(int((source_df["pool"] == c).sum()) for c in controls) if len(source_df) else 0,
         "controls": controls, "baseline_run": baseline_run, "uncalibrated": uncalibrated,
         "per_pool": {p: asdict(c) for p, c in cals.items()},
+        "exact": sorted(p for p, c in cals.items() if c.exact and not is_control(p)),
         "text": _text(cals, uncalibrated, source)
         + (f"; soft-flip rate allowed {100 * calibrated.max_soft_rate:.1f}% (the controls' flip rate: "
            f"{SOFT_FACTOR:g}x, or plus {SOFT_SIGMAS:g} binomial standard deviations at the pool's size)"

@@ -122,8 +122,8 @@ GROUPS = {
                 "placement", "startup_timeout",
                 "recover_timeout", "max_replica_restarts", "max_retries", "reference_concurrency", "reference_nice",
                 "sequential_pools"),
-    "gate": ("calibrate", "baseline_run", "min_coverage", "margin_threshold", "max_soft_rate", "max_hard",
-             "max_errors", "max_drift", "drift_tolerance"),
+    "gate": ("deterministic", "calibrate", "baseline_run", "min_coverage", "margin_threshold", "max_soft_rate",
+             "max_hard", "max_errors", "max_drift", "drift_tolerance"),
     "output": ("runs_dir", "run_id", "resume", "trust_run_config", "dry_run", "no_progress"),
 }
 EXIT_STATUSES = ("exit status: 0 PASS; 1 FAIL (the gate failed); 2 the harness could not gate (a bad flag or "

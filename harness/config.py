@@ -91,6 +91,8 @@ class RunConfig:
     baseline_run: str | None = setting(None, "str", "a trusted run directory (e.g. the last release's) whose records "
                                        "calibrate the tolerances, path by path, and whose turns each restored turn "
                                        "of the same request is compared with (the paired check)", resume="fixed")
+    deterministic: bool = setting(False, "bool", "ask every pool for its target's deterministic mode (refused where a "
+                                  "server reports running without it); exact paths gated exactly", resume="fixed")
     min_coverage: float = setting(GATE.min_coverage, "float", "gate: the share of boundary cells a run must cross "
                                   "and restore; below it the verdict is INCONCLUSIVE")
     suite: str = setting("frozen", "str", "workload: frozen, load, or a JSONL file (workloads/README.md)",

@@ -42,6 +42,9 @@ def write_config(run_dir: Path, cfg: RunConfig, target: Target, run_id: str, pla
         "target": {"key": cfg.key, "noisy": cfg.target.noisy, "drift_tolerance": cfg.target.drift_tolerance,
                    "window_unprobed": target.window_unprobed(window_unprobed)},
         "gate": asdict(cfg.gate),
+        # --deterministic: what confirms, per pool, that its servers run the target's deterministic mode
+        "deterministic": {p.name: target.deterministic(p, p.server_info)[1] for p in pools} if cfg.deterministic
+        else None,
         # what each pool's servers cannot report
         "narrowed": {p.name: list(target.reported(p.server_info).unknown) for p in pools},
         "pools": {p.name: {"role": p.role, "engine": p.engine.record(), "server_info": p.server_info,

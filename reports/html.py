@@ -12,6 +12,7 @@ import html
 from pathlib import Path
 
 from reports.controls import is_control
+from reports.deterministic import deterministic_text
 from reports.html_base import CSS, esc, plot_img
 from reports.html_cases import case_anchor, case_card, case_link_text, worst_cases
 from reports.html_latency import latency_section
@@ -60,6 +61,8 @@ def render_html(results: RunResults) -> str:
     parts.append(incidents_html(r.config, r.records))
     if (r.config.get("calibration") or {}).get("text"):  # harness/calibrate.py: thresholds from a clean baseline
         parts.append(f"<h2 id=calibration>Calibration</h2><p>{html.escape(r.config['calibration']['text'])}.</p>")
+    if deterministic_text(r.config):  # --deterministic: what the servers confirmed, which paths were exact
+        parts.append(f"<p><b>Deterministic mode</b>: {html.escape(deterministic_text(r.config))}.</p>")
     if r.config.get("paired"):  # reports/paired.py, with --baseline-run
         parts.append(f"<p>Paired check: {html.escape(r.config['paired'])}.</p>")
     if r.config.get("windows"):  # reports/window.py: the restored turns' prompt tokens past their checkpoint

@@ -6,6 +6,7 @@ import pandas as pd
 
 from reports.controls import is_control
 from reports.coverage import coverage_summary
+from reports.deterministic import deterministic_text
 from reports.escape import md_inline
 from reports.flip_rates import family_text, rates_table
 from reports.html_sections import cache_pressure_text
@@ -44,6 +45,8 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
               "before or at it, within twice what the path's numerics move a log-prob.", ""]
     if (config.get("calibration") or {}).get("text"):
         lines += [f"Calibration: {md_inline(config['calibration']['text'])}.", ""]
+    if deterministic_text(config):  # --deterministic
+        lines += [f"Deterministic mode: {md_inline(deterministic_text(config))}.", ""]
     lines += [f"Flip rates: {md_inline(family_text(verdict.rate_tests))}.", ""]
     table = rates_table(verdict.rate_tests)
     if len(table):  # reports/flip_rates.py: the tests that can reach the level, both rates side by side

@@ -23,6 +23,7 @@ probe returns (SGLang's server-args names, whatever the backend).
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from harness.config import RunConfig
     from harness.pools import Pool
 
+DETERMINISTIC_KEY = "enable_deterministic_inference"  # the built-in engine's and SGLang's server info field
+DETERMINISTIC_FLAG = "--enable-deterministic-inference"  # the flag that sets it, in either server
 CONTROLS = ("calibrate", "candidate_args", "diagnose", "cover")  # settings that add or change pools
 
 
@@ -128,12 +131,24 @@ class Target(ABC):
 
     def check_reported(self, pool, url: str, info: dict) -> str | None:
         """Why the server at `url` contradicts what `pool` (name, role, engine) asked for; None when it agrees.
-        Here: a candidate's checkpoint interval, where the plan has one."""
+        Here: a candidate's checkpoint interval, where the plan has one, and under --deterministic the mode."""
         interval = self.reported(info).interval
         planned = pool.engine.interval
         if pool.role == "candidate" and interval is not None and planned is not None and interval != planned:
             return f"pool {pool.name}: the server reports mamba_track_interval {interval}"
-        return None
+        return self.deterministic(pool, info)[0] if self.cfg.deterministic else None
+
+    def deterministic(self, pool, info: dict) -> tuple[str | None, str]:
+        """Under --deterministic: (why `pool`'s server cannot be taken to run the target's deterministic mode, None
+        when it can; what confirms it, for config.json). Here: the server's own report, DETERMINISTIC_KEY (the
+        built-in engine's and SGLang's server info); one that reports it off, or does not report it, is refused."""
+        value = info.get(DETERMINISTIC_KEY)
+        if value is True:
+            return None, f"the server reports {DETERMINISTIC_KEY}: true"
+        said = (f"does not report {DETERMINISTIC_KEY}" if value is None
+                else f"reports {DETERMINISTIC_KEY}: {json.dumps(value)}")
+        return (f"pool {pool.name}: --deterministic asks every server for its deterministic mode, and this one {said}"
+                f": it runs without it (start it with {DETERMINISTIC_FLAG}, or drop --deterministic)", said)
 
     def window_unprobed(self, backend_reason: str | None) -> str | None:
         """Why restored turns get no restore-window probe (None: they do); `backend_reason`: what the servers'

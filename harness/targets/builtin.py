@@ -133,8 +133,10 @@ def candidate_engine(cfg: RunConfig, interval: int, speculative: bool = True, ra
 
 def dtype_args(cfg: RunConfig) -> tuple[str, ...]:
     """`--dtype D` for every pool when --dtype is not the fp32 default (so fp32 command lines and records stay as
-    they were); it lands in each record's `engine.args`."""
-    return ("--dtype", cfg.target.dtype) if cfg.target.dtype != "float32" else ()
+    they were), and --deterministic's `--enable-deterministic-inference`; they land in each record's
+    `engine.args`."""
+    dtype = ("--dtype", cfg.target.dtype) if cfg.target.dtype != "float32" else ()
+    return dtype + (("--enable-deterministic-inference",) if cfg.deterministic else ())
 
 
 def reference_engine(cfg: RunConfig) -> EngineSpec:

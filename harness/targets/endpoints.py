@@ -26,7 +26,7 @@ from harness.errors import ConfigError, HarnessError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan, sessions_for, skipped
 from harness.pools import Pool, external_pools
 from harness.settings import Need, setting
-from harness.targets.base import Target, reported_settings
+from harness.targets.base import DETERMINISTIC_KEY, Target, reported_settings
 from harness.workload import WorkloadTarget, load_target_tokenizer
 
 if TYPE_CHECKING:
@@ -213,3 +213,11 @@ class EndpointsTarget(Target):
 
     def check_reported(self, pool, url: str, info: dict) -> str | None:
         return role_problem(url, pool.role, info) or super().check_reported(pool, url, info)
+
+    def deterministic(self, pool, info: dict) -> tuple[str | None, str]:
+        """Servers the harness did not start: --deterministic is the user's word that they run in their deterministic
+        mode. Where a server reports it (the built-in engine, SGLang) the report is checked; where it cannot (vLLM:
+        VLLM_BATCH_INVARIANT is an environment variable) the user's word stands, and config.json says so."""
+        if DETERMINISTIC_KEY not in info:
+            return None, f"asserted by --deterministic (the server does not report {DETERMINISTIC_KEY})"
+        return super().deterministic(pool, info)

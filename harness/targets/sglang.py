@@ -31,7 +31,7 @@ from harness.backends.sglang import SGLangBackend
 from harness.errors import ConfigError, HarnessError
 from harness.plan import EngineSpec, PoolPlan
 from harness.settings import Need, setting
-from harness.targets.base import Reported, reported_settings
+from harness.targets.base import DETERMINISTIC_FLAG, Reported, reported_settings
 from harness.targets.managed import Devices, Launch, ManagedSettings
 from harness.targets.profile import ProfileTarget, command_line, profile_for
 from harness.targets.sglang_profile import (
@@ -191,8 +191,13 @@ class SGLangTarget(ProfileTarget):
         return check_flags(name, asked, info, self.settings.model_path)
 
     def server_line(self, python: str, asked, devices: Devices) -> str:
+        return command_line(python, "sglang.launch_server", self.pool_args(asked, devices)) + " --api-key <run key>"
+
+    def pool_args(self, asked, devices: Devices) -> list[str]:
+        """Every flag of an asked pool's servers on `devices` (sglang_profile.server_args), with --deterministic's
+        --enable-deterministic-inference on every pool."""
         args = server_args(self.settings.model_path, asked, profile_for(devices, GPU, CPU), self.cfg.tp_size)
-        return command_line(python, "sglang.launch_server", args) + " --api-key <run key>"
+        return args + ([DETERMINISTIC_FLAG] if self.cfg.deterministic and DETERMINISTIC_FLAG not in args else [])
 
     def pool_line(self, asked) -> str:
         return ", ".join([f"speculation {value_of(asked.args, '--speculative-algorithm')}" if asked.speculative
@@ -205,7 +210,8 @@ class SGLangTarget(ProfileTarget):
         lines += [f"  on CPU the candidate is refused before anything starts: {problem}"] if problem else []
         lines += ["  the key reaches --api-key from SPECGATE_API_KEY, never a command line",
                   "at start: each server's /server_info is read back (radix cache, speculation, strategy, track "
-                  "interval, model path); a server that runs something else than its pool asked stops the run"]
+                  "interval, model path" + (", enable_deterministic_inference" if self.cfg.deterministic else "")
+                  + "); a server that runs something else than its pool asked stops the run"]
         if any(p.role == "candidate" and p.radix_cache and not p.speculative for p in asked_pools):
             lines.append(f"no speculation on a candidate: {CPU_REFUSES} on CPU; the report narrows (radix-cache hits "
                          "are gated, verify steps and speculation cells are not)")
@@ -238,9 +244,8 @@ class SGLangTarget(ProfileTarget):
         if problem:
             raise HarnessError(f"--candidate-args: {problem}")
         command = s.server_command or (find_python(VENV, s.sglang_python), "-c", BOOTSTRAP)
-        profile = profile_for(devices, GPU, CPU)
-        args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args), profile, self.cfg.tp_size)
-        return Launch(tuple(command), tuple(args), None, profile.environment)
+        args = self.pool_args(make_pool(pool.name, pool.role, pool.engine.args), devices)
+        return Launch(tuple(command), tuple(args), None, profile_for(devices, GPU, CPU).environment)
 
     def node_paths(self, pool: PoolPlan) -> tuple[tuple[str, str], ...]:
         return node_paths(self.settings.model_path, make_pool(pool.name, pool.role, pool.engine.args))

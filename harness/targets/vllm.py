@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,6 +94,15 @@ _ENV_LINE = ("VLLM_HOST_IP=<replica address> VLLM_CACHE_ROOT=<run>/logs/<replica
 GPU = Profile("GPU", (), environment, _ENV_LINE + " CUDA_VISIBLE_DEVICES=<the replica's GPUs>")
 CPU = Profile("CPU", CPU_FLAGS, cpu_environment, "VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 " + _ENV_LINE
               + " CUDA_VISIBLE_DEVICES=''")
+
+
+BATCH_INVARIANT = {"VLLM_BATCH_INVARIANT": "1"}  # vLLM's deterministic mode (--deterministic)
+
+
+def batch_invariant(environment, env: dict, site: ServerSite) -> dict:
+    """A profile's `environment` with vLLM's batch-invariant mode on (bound with functools.partial: it travels to
+    the replica actor by reference, as the profile's own function)."""
+    return {**environment(env, site), **BATCH_INVARIANT}
 
 
 def check_flags(name: str, asked, info: dict) -> str | None:
@@ -225,8 +235,9 @@ class VLLMTarget(ProfileTarget):
 
     def notes(self, asked_pools: list) -> list[str]:
         profiles = [profile_for(d, GPU, CPU) for d in self.dry_run_devices()]
+        invariant = " VLLM_BATCH_INVARIANT=1" if self.cfg.deterministic else ""
         return [*(skipped_diagnose_pools(self.settings.candidate_args) if self.settings.diagnose else []),
-                *(f"  environment on {p.name}: {p.env_line}" for p in profiles),
+                *(f"  environment on {p.name}: {p.env_line}{invariant}" for p in profiles),
                 "at start: each server's block size, prefix caching and draft tokens are read from its /metrics "
                 "(vllm:cache_config_info); the checkpoint interval of a caching candidate is its block"]
 
@@ -255,7 +266,12 @@ class VLLMTarget(ProfileTarget):
         command = s.server_command or (find_python(VENV, s.vllm_python), *ENTRYPOINT)
         profile = profile_for(devices, GPU, CPU)
         args = server_args(s.model_path, make_pool(pool.name, pool.role, pool.engine.args), profile, self.cfg.tp_size)
-        return Launch(tuple(command), tuple(args), None, profile.environment)
+        environment = partial(batch_invariant, profile.environment) if self.cfg.deterministic else profile.environment
+        return Launch(tuple(command), tuple(args), None, environment)
+
+    def deterministic(self, pool, info: dict) -> tuple[str | None, str]:
+        """vLLM's mode is an environment variable its servers do not report: the harness set it."""
+        return None, "VLLM_BATCH_INVARIANT=1 in its environment (set by the harness; vLLM does not report it)"
 
     def node_paths(self, pool: PoolPlan) -> tuple[tuple[str, str], ...]:
         return node_paths(self.settings.model_path, make_pool(pool.name, pool.role, pool.engine.args))
