@@ -115,9 +115,32 @@ def cell_grids(df: pd.DataFrame) -> str:
     return '<div class="grids">' + "".join(out) + "</div>"
 
 
-def where_section(df: pd.DataFrame, headline: str, worst: list[tuple[str, str]]) -> str:
-    """The first section: the reading, the kinds table, the cell grids, the most likely subsystem (`headline`,
-    the diagnosis's) and links to the worst cases (`worst`: (anchor, text) pairs)."""
+def _pct(events: int, turns: int) -> str:
+    return f"{events} of {turns} ({100 * events / turns:.1f}%)" if turns else f"{events} of 0"
+
+
+def rates_part(findings) -> str:
+    """The flip-rate tests that found flips piling up (Verdict.rate_findings, reports/flip_rates.py), both rates side
+    by side: where they are, what was counted, the group's rate against its comparison's, p and its level."""
+    if not findings:
+        return ""
+    rows = []
+    for t in findings:
+        d = t.as_dict()
+        where = f"{d['pool']} at {d['point']}" if d["point"] else f"{d['pool']} over {d['strata']} sweep point(s)"
+        rows.append(f'<tr class="hot"><td class="l">{esc(where)}</td><td class="l">{esc(d["event"])}</td>'
+                    f'<td class="l">{esc(d["group"])}: {_pct(d["events"], d["turns"])}</td>'
+                    f'<td class="l">{esc(d["base"])}: {_pct(d["base_events"], d["base_turns"])}</td>'
+                    f"<td>{d['p']:.2g} &le; {d['level']:.2g}</td></tr>")
+    return ("<p><b>Flips pile up</b> where numerics do not put them (one-sided exact tests, the run's family held to "
+            '0.001):</p><div class="scroll"><table><tr><th class="l">pool</th><th class="l">counted</th>'
+            '<th class="l">group</th><th class="l">against</th><th>p</th></tr>' + "".join(rows) + "</table></div>")
+
+
+def where_section(df: pd.DataFrame, headline: str, worst: list[tuple[str, str]], rate_findings=()) -> str:
+    """The first section: the reading, the kinds table, the flip-rate findings side by side (`rate_findings`,
+    Verdict's), the cell grids, the most likely subsystem (`headline`, the diagnosis's) and links to the worst
+    cases (`worst`: (anchor, text) pairs)."""
     kinds = kind_table(df) if len(df) else kind_table(pd.DataFrame(
         columns=["cached_tokens", "restored_link", "block_size", "class"]))
     rows = "".join(f'<tr class="{"hot" if r.flagged else ("ok" if r.n else "")}"><td class="l">{esc(r.requests)}'
@@ -128,5 +151,5 @@ def where_section(df: pd.DataFrame, headline: str, worst: list[tuple[str, str]])
     links = "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in worst)
     cases = f"<p><b>Worst cases:</b></p><ol>{links}</ol>" if links else ""
     return (f'<section id="where" class="where"><h2>Where</h2><p class="reading">{esc(reading(kinds))}</p>'
-            f'<div class="cols"><div>{table}<p><b>Most likely:</b> {esc(headline)}</p>{cases}</div>'
+            f'<div class="cols"><div>{table}{rates_part(rate_findings)}<p><b>Most likely:</b> {esc(headline)}</p>{cases}</div>'
             f"<div>{cell_grids(df)}</div></div></section>")

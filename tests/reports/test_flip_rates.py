@@ -165,3 +165,15 @@ def test_a_pool_over_its_sweep_points_as_strata_adds_up_an_excess_spread_thinly(
     assert (pooled.strata, pooled.test.events_a, pooled.test.turns_a) == (4, 36, 296)
     assert pooled.test.p < 0.001 / 5 < min(t.test.p for t in per_point)  # 12% against 4%: only the pool sees it
     assert "pool i128 (4 sweep points as strata): " in pooled.text()
+
+
+def test_the_first_screen_shows_the_findings_rates_side_by_side():
+    from reports.html_where import rates_part
+
+    df = frame(pool_rows("i128", "c4", verify=(14, 30), unrestored=(2, 44)))
+    cal = {"i128": {"controls": ["ctl-i128-spec", "ctl-i128-cache"], "flips_by_point": {"c4": [148, 6]}}}
+    found = [t for t in rate_tests(df, cal) if t.significant]
+    part = rates_part(found)
+    assert part.count('<tr class="hot">') == len(found) == 2
+    assert "i128 at c4" in part and "16 of 74 (21.6%)" in part and "6 of 148 (4.1%)" in part
+    assert "restored nothing" in part and rates_part([]) == ""
