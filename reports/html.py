@@ -54,7 +54,8 @@ def render_html(results: RunResults) -> str:
     parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8>"
              '<meta name="viewport" content="width=device-width, initial-scale=1">'
              f"<title>specgate {esc(word)}: {esc(config.get('run_id', ''))}</title><style>{CSS}</style></head><body>",
-             verdict_header(verdict, config), "<main>", where_section(gated, r.diagnosis.headline, worst, verdict.rate_findings),
+             verdict_header(verdict, config), "<main>",
+             where_section(gated, r.diagnosis.headline, worst, verdict.rate_findings),
              key_figures(df, r.configs, verdict), CONTENTS, diagnosis_section(r.diagnosis)]
     if r.warnings:
         parts.append('<div class="warn">' + "<br>".join(esc(w) for w in r.warnings) + "</div>")

@@ -151,5 +151,6 @@ def where_section(df: pd.DataFrame, headline: str, worst: list[tuple[str, str]],
     links = "".join(f'<li><a href="#{esc(a)}">{esc(t)}</a></li>' for a, t in worst)
     cases = f"<p><b>Worst cases:</b></p><ol>{links}</ol>" if links else ""
     return (f'<section id="where" class="where"><h2>Where</h2><p class="reading">{esc(reading(kinds))}</p>'
-            f'<div class="cols"><div>{table}{rates_part(rate_findings)}<p><b>Most likely:</b> {esc(headline)}</p>{cases}</div>'
+            f'<div class="cols"><div>{table}{rates_part(rate_findings)}'
+            f'<p><b>Most likely:</b> {esc(headline)}</p>{cases}</div>'
             f"<div>{cell_grids(df)}</div></div></section>")

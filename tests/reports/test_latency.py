@@ -89,7 +89,8 @@ def test_latency_section_escapes_and_shades_a_point_that_did_not_keep_up(tmp_pat
     assert "SLO: ttft_ms=150." in html and html.endswith("<img alt=plot>")
     # r2: 1 answered over 1 s = 1/s of 2 offered; r4: 0.5/s of 4; c4 offers no rate
     assert html.count('<tr class="warm">') == 2 and html.count('<tr class="">') == 1
-    assert latency_section(c.iloc[0:0]) == "<h2 id=latency>Latency and load</h2><p>No sweep point recorded timed requests.</p>"
+    assert latency_section(c.iloc[0:0]) == ("<h2 id=latency>Latency and load</h2>"
+                                            "<p>No sweep point recorded timed requests.</p>")
 
 
 def test_latency_figure_draws_with_and_without_data(tmp_path):
