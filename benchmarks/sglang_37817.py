@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -60,12 +61,20 @@ def local_servers(python: str, intervals: list[int], block_size: int, workdir: P
 
 
 def run_gate(runs_dir: Path, run_id: str, servers: dict, variant: str, workload: list[str],
-             concurrency: str) -> tuple[int, Path]:
-    """`python -m harness.run` against the variant's candidates and the shared reference: (exit, run dir)."""
+             concurrency: str, timeout: float, reuse: bool) -> tuple[int, Path]:
+    """`python -m harness.run` against the variant's candidates and the shared reference: (exit, run dir). With
+    `reuse`, a run directory already rendered (its summary.md written) is judged again instead of run."""
+    if reuse and (runs_dir / run_id / "summary.md").is_file():
+        proc = subprocess.run([sys.executable, "-m", "reports.render", str(runs_dir / run_id)], cwd=ROOT,
+                              capture_output=True, text=True)
+        print(f"{run_id}: reused, exit {proc.returncode}: {proc.stdout.splitlines()[0] if proc.stdout else ''}",
+              flush=True)
+        return proc.returncode, runs_dir / run_id
     cmd = [sys.executable, "-m", "harness.run", "--backend", "sglang", "--tokenizer", str(MODEL / "target"),
            *[a for c in servers[variant] for a in ("--endpoint", c["url"])],
            "--reference-endpoint", servers["reference"], *workload, "--concurrency", concurrency,
-           "--drift-tolerance", "1e-3", "--runs-dir", str(runs_dir), "--run-id", run_id, "--no-progress"]
+           "--drift-tolerance", "1e-3", "--runs-dir", str(runs_dir), "--run-id", run_id, "--no-progress",
+           "--request-timeout", str(timeout)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     verdict = next((line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL", "INCONCLUSIVE"))),
@@ -77,17 +86,22 @@ def run_gate(runs_dir: Path, run_id: str, servers: dict, variant: str, workload:
     return proc.returncode, runs_dir / run_id
 
 
-def validate(servers: dict, runs_dir: Path, suite: Path, load_requests: int, concurrency: str) -> dict:
+def validate(servers: dict, runs_dir: Path, suite: Path, load_requests: int, concurrency: str, timeout: float,
+             reuse: bool) -> dict:
     """Both variants: the frozen suite at concurrency 1, then (with load_requests) the load run; the summaries."""
     out = {}
     for variant in VARIANTS:
         logs = [c.get("log") for c in servers[variant]]
-        code, run = run_gate(runs_dir, f"{variant}-frozen", servers, variant, ["--suite", str(suite)], "1")
+        if reuse:  # a reused run was served by an earlier start of these servers: their logs hold its trace
+            older = {str(p) for log in logs if log for p in Path(log).parent.glob(f"{variant}-i*.log")}
+            logs += sorted(older - set(logs))
+        code, run = run_gate(runs_dir, f"{variant}-frozen", servers, variant, ["--suite", str(suite)], "1", timeout,
+                             reuse)
         out[variant] = {"frozen": summarize(run, code, logs)}
         if load_requests:
             code, run = run_gate(runs_dir, f"{variant}-load", servers, variant,
                                  ["--suite", "load", "--num-requests", str(load_requests), "--seed", "0"],
-                                 concurrency)
+                                 concurrency, timeout, reuse)
             out[variant]["load"] = load_table(run, code)
     return out
 
@@ -105,8 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", default="1,4,8,16", help="the load run's concurrency levels")
     ap.add_argument("--runs-dir", type=Path, default=ROOT / "runs" / "sglang-37817")
     ap.add_argument("--servers", type=Path, help="a servers.json of servers already running (see above)")
+    ap.add_argument("--request-timeout", type=float, default=1800.0, help="seconds per request (the harness's "
+                    "--request-timeout; on this CPU the shared reference serves up to 8 long requests at once, at a "
+                    "few tokens/s in all, and 600 s cut some)")
+    ap.add_argument("--reuse", action="store_true", help="judge run directories already complete (summary.md "
+                    "written) again instead of running them (their verify trace read from the earlier servers' logs "
+                    "beside the new ones)")
     ap.add_argument("--json", type=Path, help="also write the summaries here")
     a = ap.parse_args(argv)
+    # a `kill` stops the servers and the harness run as Ctrl-C does (the stack unwinds), leaving no server behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:
         if a.servers:
@@ -115,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             python = ensure_venv(a.version, a.venv or f".venv-sglang-{a.version}")
             intervals = [int(i) for i in a.intervals.split(",")]
             servers = stack.enter_context(local_servers(python, intervals, a.block_size, a.runs_dir / "servers"))
-        results = validate(servers, a.runs_dir, a.suite, a.load_requests, a.concurrency)
+        results = validate(servers, a.runs_dir, a.suite, a.load_requests, a.concurrency, a.request_timeout, a.reuse)
     if a.json:
         a.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
     print()
