@@ -47,8 +47,9 @@ class NoiseFloor:
 
     @property
     def too_close(self) -> bool:
-        """True when the floor's maximum is within FLOOR_MARGIN x of the tolerance."""
-        return self.max is not None and self.max * FLOOR_MARGIN >= self.tolerance
+        """True when the floor's maximum is within FLOOR_MARGIN x of the tolerance (a floor of exactly 0, as a
+        deterministic run's against its tolerance 0, is not)."""
+        return self.max is not None and self.max > 0 and self.max * FLOOR_MARGIN >= self.tolerance
 
     def warnings(self, calibrated: bool = False) -> list[str]:
         """What the reader must be told about the oracle's footing. A calibrated run's tolerances come from the
