@@ -133,6 +133,8 @@ def table(results: dict, version: str) -> str:
              _row("cases (sessions)", u["cases"], p["cases"]), _row("requests", u["requests"], p["requests"]),
              _row("mismatching cases", u["mismatching_cases"], p["mismatching_cases"])]
     lines += [_row(f"  requests {cls}", u["classes"].get(cls, 0), p["classes"].get(cls, 0)) for cls in FLAGGED]
+    lines.append(_row("requests failed (an error, not judged)", u["classes"].get("error", 0),
+                      p["classes"].get("error", 0)))
     names = {"verify": "restored a verify-crossed checkpoint", "prefill": "restored a prefill checkpoint",
              "other": "restored another request's checkpoint", "nothing": "restored nothing"}
     lines += [_row(f"  {name}: flagged", "{1}/{0}".format(*u["restores"][k]), "{1}/{0}".format(*p["restores"][k]))
