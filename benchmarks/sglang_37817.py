@@ -1,7 +1,7 @@
 """The upstream validation of SGLang PR #37818 (issue #37817), re-run on the real SGLang: one command, one table.
 
     python benchmarks/sglang_37817.py                      # builds or reuses the venv, starts 5 servers
-    python benchmarks/sglang_37817.py --load-requests 16   # 44 min on 2 CPU cores
+    python benchmarks/sglang_37817.py --load-requests 16   # about 100 min on 2 busy CPU cores
     python benchmarks/sglang_37817.py --load-requests 0    # the frozen boundary suite only
     python benchmarks/sglang_37817.py --servers servers.json   # servers already running (a GPU recipe, or CI)
 
