@@ -83,6 +83,9 @@ class Driver:
             raise fatal.exception()
         await work
 
+    async def close(self) -> None:
+        """Nothing to stop: everything ran in this process (harness/driver_actors.py stops its actors here)."""
+
     async def _pools(self, sessions: dict[str, tuple]) -> None:
         async def run_pool(pool: Pool) -> None:
             for point in self.points:

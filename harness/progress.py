@@ -68,6 +68,17 @@ class Progress:
         self.mismatches += 1
         self._refresh()
 
+    def add(self, done: int = 0, errors: int = 0, mismatches: int = 0, retries: int = 0, references: int = 0) -> None:
+        """Counts recorded by another process (a driver actor, harness/driver_actors.py), merged into these."""
+        self.done += done
+        self.errors += errors
+        self.mismatches += mismatches
+        self.retries += retries
+        self.references += references
+        if self.enabled and done:
+            self.bar.update(done)
+        self._refresh()
+
     def point(self, pool: str, point, counts) -> None:
         """A sweep point finished: print its counts (harness/sweep.py PointCounts.line)."""
         self.points.append(counts)

@@ -24,7 +24,7 @@ from harness.backends import RequestError
 from harness.backends.metrics import counter_report, snapshot, with_earlier_parts
 from harness.cli import from_argv
 from harness.config import ConfigError, RunConfig
-from harness.driver import Driver
+from harness.driver_actors import make_driver, resolve_drivers
 from harness.errors import HarnessError
 from harness.plan import Plan
 from harness.pools import Pool
@@ -33,6 +33,7 @@ from harness.resume import for_resume, trusted_lines
 from harness.run_config_file import write_config
 from harness.targets import Target, make_target
 from harness.workload import describe as describe_workload
+from records.driver_parts import adopt
 from records.incidents import IncidentLog, load_incidents
 from records.jsonl import RecordFiles
 from records.lock import RunLock, RunLocked
@@ -67,6 +68,8 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
                 run_id: str, resumed: bool, infos: dict[str, dict]) -> Progress:
     """Read each pool's /server_info (stopping where it contradicts the pool), write config.json, run the driver;
     return the final counters."""
+    if adopt(run_dir):  # what driver actors of an earlier process wrote (records/driver_parts.py)
+        print(f"joined the records of earlier driver actors into {run_dir / 'records'}")
     state = ResumeState.read(run_dir)  # keys and summaries, not records (records/resume.py)
     existing, existing_refs = state.candidates, state.references
     tokenizer = plan.tokenizer.name if plan.tokenizer is not None else "unknown"
@@ -85,21 +88,23 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
         live = not cfg.no_progress and sys.stderr.isatty()
         progress = Progress(plan.total_candidate_requests, recorded, enabled=live, heartbeat=HEARTBEAT_S)
         files = RecordFiles(run_dir, set(existing) | {f"ref/{h}" for h in existing_refs})
-        driver = Driver(run_id=run_id, concurrency=cfg.concurrency, candidates=cands, reference=ref, files=files,
-                        http=http, progress=progress, existing=existing, existing_refs=existing_refs,
-                        turn_io=state.io,
-                        request_timeout=cfg.request_timeout, max_retries=cfg.max_retries,
-                        reference_concurrency=cfg.reference_concurrency, sequential_pools=cfg.sequential_pools,
-                        api_key=cfg.api_key, tokenizers={p.name: tokenizer for p in (*cands, ref)},
-                        decode=plan.tokenizer.decode if plan.tokenizer is not None else None,
-                        request_rate=cfg.request_rate, arrival=cfg.arrival, seed=cfg.seed, warmup=cfg.warmup,
-                        duration=cfg.duration, max_error_rate=cfg.max_error_rate, windows=not cfg.no_restore_window)
+        drivers = resolve_drivers(cfg.drivers, cfg.concurrency, cfg.request_rate, sessions, cfg.sequential_pools)
+        driver = make_driver(
+            drivers, run_dir, run_id=run_id, concurrency=cfg.concurrency, candidates=cands, reference=ref,
+            files=files, http=http, progress=progress, existing=existing, existing_refs=existing_refs,
+            turn_io=state.io, request_timeout=cfg.request_timeout, max_retries=cfg.max_retries,
+            reference_concurrency=cfg.reference_concurrency, sequential_pools=cfg.sequential_pools,
+            api_key=cfg.api_key, tokenizers={p.name: tokenizer for p in (*cands, ref)},
+            decode=plan.tokenizer.decode if plan.tokenizer is not None else None,
+            request_rate=cfg.request_rate, arrival=cfg.arrival, seed=cfg.seed, warmup=cfg.warmup,
+            duration=cfg.duration, max_error_rate=cfg.max_error_rate, windows=not cfg.no_restore_window)
         before = await snapshot(http, [*cands, ref])
         try:
             await driver.run(sessions)
             counted = counter_report(before, await snapshot(http, [*cands, ref]))
             write_json(run_dir / "server_counters.json", with_earlier_parts(counted, _earlier_counters(run_dir)))
         finally:
+            await driver.close()
             files.close()
             progress.close()
     return progress
@@ -211,6 +216,8 @@ def _main(argv: list[str] | None) -> int:
         # probe already-running servers before anything is written: a failed probe leaves runs/ and runs/latest
         # alone; a bad workload fails here too
         probed = make_plan(target, probe=not cfg.dry_run)
+        resolve_drivers(cfg.drivers, cfg.concurrency, cfg.request_rate,  # too many --drivers: refused here
+                        {p.name: p.sessions for p in probed[0].candidates}, cfg.sequential_pools)
         if cfg.dry_run:
             print(target.describe(probed[0]))
             return EXIT_PASS

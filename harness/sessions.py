@@ -27,6 +27,13 @@ from records.rundir import input_hash
 from records.schema import point_key
 
 
+def planned_offsets(todo: list[tuple[int, object]], point: Point, seed: int) -> dict[int, dict[int, float]]:
+    """An open-loop point's plan (harness/arrival.py) for the sessions `todo`: index -> turn -> seconds after the
+    point's start."""
+    plan = schedule([len(s.turns) for _, s in todo], point.rate, point.arrival, seed)
+    return {index: {n: plan[(k, n)] for n in range(len(session.turns))} for k, (index, session) in enumerate(todo)}
+
+
 class SessionLoop:
     """Runs sessions of a pool at a sweep point; remembers which replica (and incarnation) answered each turn,
     until its next turn asks whether the cache it left is still there."""
@@ -38,8 +45,11 @@ class SessionLoop:
         self.served: dict[str, tuple[str, int]] = {}  # candidate key -> (replica id, incarnation) that answered
 
     async def run(self, pool: Pool, point: Point, todo: list[tuple[int, object]], stop: StopRule,
-                  wall0: float) -> None:
-        """Every session of `todo` ((index, session)) in the point's shape; `wall0`: the point's start."""
+                  wall0: float, concurrency: int | None = None,
+                  planned: dict[int, dict[int, float]] | None = None) -> None:
+        """Every session of `todo` ((index, session)) in the point's shape; `wall0`: the point's start. A driver
+        actor running a share of the point gets its own `concurrency` (closed loop) or the `planned` offsets of
+        its sessions (open loop: index -> turn -> seconds after `wall0`) from the whole point's plan."""
         if point.rate is None:
             queue = iter(todo)
 
@@ -47,12 +57,10 @@ class SessionLoop:
                 for index, session in queue:
                     await self.session(pool, point, index, session, stop)
 
-            runs = [worker() for _ in range(min(point.concurrency, len(todo)))]
+            runs = [worker() for _ in range(min(concurrency or point.concurrency, len(todo)))]
         else:
-            plan = schedule([len(s.turns) for _, s in todo], point.rate, point.arrival, self.seed)
-            runs = [self.session(pool, point, index, session, stop, wall0,
-                                 {n: plan[(k, n)] for n in range(len(session.turns))})
-                    for k, (index, session) in enumerate(todo)]
+            planned = planned_offsets(todo, point, self.seed) if planned is None else planned
+            runs = [self.session(pool, point, index, session, stop, wall0, planned[index]) for index, session in todo]
         await asyncio.gather(*runs)
 
     async def session(self, pool: Pool, point: Point, index: int, session, stop: StopRule, wall0: float = 0.0,
