@@ -29,10 +29,9 @@ import math
 import os
 from pathlib import Path
 
-from harness.errors import ConfigError
 from harness.driver import Driver
 from harness.driver_actor import ActorSpec, DriverActor
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 from harness.pools import Pool
 from harness.sessions import planned_offsets
 from harness.shared_refs import ReferenceRegistry
