@@ -11,7 +11,7 @@ import pytest
 
 from harness.run import main
 from reports.gate import EXIT_HARNESS_FAILED, EXIT_INCONCLUSIVE
-from tests.harness.helpers import check_complete, make_sessions, read_lines, run_args
+from tests.harness.helpers import check_complete, duplicate_keys, make_sessions, read_lines, run_args
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,7 @@ def test_two_driver_actors_record_what_one_driver_records(ray_local, workdir, ca
     assert "driver actors: 2 on 1 node(s)" in capsys.readouterr().out
     for n in (1, 2):
         recs = read_lines(runs[n])
+        assert not duplicate_keys(recs)  # one reference per input, whichever actor met it first
         cands = [r for r in recs if r["role"] == "candidate"]
         assert len({r["key"] for r in cands if "-r40/" in r["key"]}) == 24
         assert {r["key"]: r["replica_id"] for r in cands} == {r["key"]: r["replica_id"] for r in
