@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -129,6 +130,10 @@ class DriverActor:
         p = self.progress
         return {"done": p.done, "errors": p.errors, "mismatches": p.mismatches, "retries": p.retries,
                 "references": p.references}
+
+    def cpu(self) -> float:
+        """CPU seconds this actor's process has used (a benchmark's client CPU per request)."""
+        return time.process_time()
 
     async def finish(self) -> dict:
         """Wait for this actor's references, close its journals and client; returns its final counters."""

@@ -38,10 +38,11 @@ from harness.shared_refs import ReferenceRegistry
 from harness.sweep import Point, StopRule
 from records.driver_parts import adopt
 
-# --drivers auto: what one driver process is planned to carry (see docs/harness.md, measured with
-# benchmarks/driver_actors_bench.py against an instant server)
+# --drivers auto: what one driver process is planned to carry. benchmarks/driver_actors_bench.py measured a
+# client CPU of about 2.5 ms per candidate request (its reference included) against an instant server, so one
+# core saturates near 400 candidate requests/s; a driver is planned for half of that, and for 256 streams
 STREAMS_PER_DRIVER = 256  # closed loop: requests in flight
-RATE_PER_DRIVER = 400.0  # open loop: requests per second
+RATE_PER_DRIVER = 200.0  # open loop: candidate requests per second
 POLL_S = 0.5  # how often the head merges the actors' progress
 
 
@@ -56,16 +57,19 @@ def auto_drivers(concurrency: tuple[int, ...], request_rate: tuple[float, ...], 
     return max(1, min(need, cpus or os.cpu_count() or 1))
 
 
-def resolve_drivers(drivers: int | None, concurrency: tuple[int, ...], request_rate: tuple[float, ...],
-                    sessions: dict[str, list], sequential: bool) -> int:
-    """The number of driver actors for this plan (`drivers`: --drivers, None: auto); ConfigError when there are
-    more drivers than any pool has sessions (an actor would have nothing to send)."""
-    n = drivers if drivers is not None else auto_drivers(concurrency, request_rate, len(sessions), sequential)
+def resolve_drivers(cfg, sessions: dict[str, list]) -> int:
+    """The number of driver actors for this run (`cfg`: the RunConfig; --drivers, else auto, and 1 for a target
+    without a Ray cluster); ConfigError when --drivers asks for more actors than any pool has sessions (an actor
+    would have nothing to send)."""
     most = max((len(s) for s in sessions.values()), default=0)
-    if drivers is not None and drivers > most:
-        raise ConfigError(f"--drivers {drivers}: more driver actors than sessions (the largest pool has {most}); "
+    if cfg.drivers is not None and cfg.drivers > most:
+        raise ConfigError(f"--drivers {cfg.drivers}: more driver actors than sessions (the largest pool has {most}); "
                           "a session runs whole on one actor, so use at most that many")
-    return min(n, max(most, 1))
+    if cfg.drivers is not None:
+        return cfg.drivers
+    if not cfg.target.managed:
+        return 1
+    return min(auto_drivers(cfg.concurrency, cfg.request_rate, len(sessions), cfg.sequential_pools), max(most, 1))
 
 
 def split_concurrency(c: int, n: int) -> list[int]:
@@ -226,14 +230,19 @@ class ActorDriver(Driver):
         self.remote.close()
 
 
-def make_driver(drivers: int, run_dir: Path, **kwargs) -> Driver:
-    """The run's driver: a single one in this process (`drivers` 1), else the head of `drivers` actors, each
-    with an even share of the reference requests allowed in flight (at least 1)."""
-    if drivers <= 1:
-        return Driver(**kwargs)
+def actor_spec(drivers: int, run_dir: Path, kwargs: dict) -> dict:
+    """What every driver actor is started with, from the single driver's arguments: each gets an even share of
+    the reference requests allowed in flight (at least 1)."""
     keep = ("run_id", "candidates", "reference", "request_timeout", "max_retries", "tokenizers", "decode", "seed",
             "duration", "max_error_rate", "windows")
     spec = {k: kwargs[k] for k in keep if k in kwargs}
-    spec.update(run_dir=str(run_dir),
-                reference_concurrency=max(1, kwargs.get("reference_concurrency", 8) // drivers))
-    return ActorDriver(drivers=drivers, run_dir=run_dir, spec=spec, **kwargs)
+    spec.update(run_dir=str(run_dir), reference_concurrency=max(1, kwargs.get("reference_concurrency", 8) // drivers))
+    return spec
+
+
+def make_driver(drivers: int, run_dir: Path, **kwargs) -> Driver:
+    """The run's driver (Driver's arguments): a single one in this process for `drivers` 1, else the head of
+    `drivers` actors."""
+    if drivers <= 1:
+        return Driver(**kwargs)
+    return ActorDriver(drivers=drivers, run_dir=run_dir, spec=actor_spec(drivers, run_dir, kwargs), **kwargs)

@@ -88,7 +88,7 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
         live = not cfg.no_progress and sys.stderr.isatty()
         progress = Progress(plan.total_candidate_requests, recorded, enabled=live, heartbeat=HEARTBEAT_S)
         files = RecordFiles(run_dir, set(existing) | {f"ref/{h}" for h in existing_refs})
-        drivers = resolve_drivers(cfg.drivers, cfg.concurrency, cfg.request_rate, sessions, cfg.sequential_pools)
+        drivers = resolve_drivers(cfg, sessions)
         driver = make_driver(
             drivers, run_dir, run_id=run_id, concurrency=cfg.concurrency, candidates=cands, reference=ref,
             files=files, http=http, progress=progress, existing=existing, existing_refs=existing_refs,
@@ -216,8 +216,7 @@ def _main(argv: list[str] | None) -> int:
         # probe already-running servers before anything is written: a failed probe leaves runs/ and runs/latest
         # alone; a bad workload fails here too
         probed = make_plan(target, probe=not cfg.dry_run)
-        resolve_drivers(cfg.drivers, cfg.concurrency, cfg.request_rate,  # too many --drivers: refused here
-                        {p.name: p.sessions for p in probed[0].candidates}, cfg.sequential_pools)
+        resolve_drivers(cfg, {p.name: p.sessions for p in probed[0].candidates})  # too many --drivers: refused
         if cfg.dry_run:
             print(target.describe(probed[0]))
             return EXIT_PASS

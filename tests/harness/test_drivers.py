@@ -36,17 +36,20 @@ def test_auto_is_one_driver_until_a_point_is_more_than_one_process_carries():
     assert auto_drivers((1, 4, 8, 16), (), pools=2, sequential=False, cpus=16) == 1
     assert auto_drivers((256,), (), pools=2, sequential=False, cpus=16) == 2
     assert auto_drivers((256,), (), pools=2, sequential=True, cpus=16) == 1
-    assert auto_drivers((4,), (2000.0,), pools=1, sequential=False, cpus=16) == 5
+    assert auto_drivers((4,), (1000.0,), pools=1, sequential=False, cpus=16) == 5
     assert auto_drivers((4096,), (), pools=2, sequential=False, cpus=2) == 2  # at most one per core
 
 
 def test_more_drivers_than_sessions_is_refused_and_auto_never_exceeds_them():
     sessions = {"i128": make_sessions(3), "i256": make_sessions(2)}
-    assert resolve_drivers(3, (1,), (), sessions, False) == 3
+    assert resolve_drivers(from_argv(["--drivers", "3"], {})[0], sessions) == 3
     with pytest.raises(ConfigError, match=r"^--drivers 4: more driver actors than sessions \(the largest pool has "
                        r"3\)"):
-        resolve_drivers(4, (1,), (), sessions, False)
-    assert resolve_drivers(None, (100000,), (), sessions, False) <= 3
+        resolve_drivers(from_argv(["--drivers", "4"], {})[0], sessions)
+    assert resolve_drivers(from_argv(["--concurrency", "100000"], {})[0], sessions) in range(1, 4)
+    external = from_argv(["--endpoint", "http://a:1", "--reference-endpoint", "http://b:2", "--concurrency",
+                          "100000"], {})[0]
+    assert resolve_drivers(external, sessions) == 1  # no Ray cluster: auto stays in this process
 
 
 def test_bad_drivers_values_are_refused_before_anything_starts():
