@@ -160,9 +160,7 @@ class RunConfig:
                                   "references are off the critical path, so where they share cores with "
                                   "candidates they yield the CPU to them and catch up when the candidates idle; "
                                   "0: no change")
-    drivers: int | None = setting(None, "int", "driver actors that send the sessions, spread over the Ray "
-                                  "cluster's nodes (docs/harness.md); default: 1, more only when the busiest "
-                                  "sweep point is more than one process carries")
+    drivers: int | None = setting(None, "int", "Ray actors that send the sessions (docs/harness.md); default: auto")
     sequential_pools: bool = setting(False, "bool", "run the interval pools one after another (default: "
                                      "together)")
     no_restore_window: bool = setting(False, "bool", "send no restore-window probe: by default each turn that "
@@ -185,7 +183,6 @@ class RunConfig:
                                      "--address, each shown first; without it a resume takes them from this "
                                      "command line only")
     no_progress: bool = setting(False, "bool", "no live progress bar")
-
 
     def __post_init__(self) -> None:
         validate(self)
@@ -260,9 +257,6 @@ def validate(c: RunConfig) -> None:
         need(getattr(c, name) >= 1, f"{flag(name)} must be >= 1, got {getattr(c, name)}")
     for name in ("max_retries", "max_hard", "max_errors", "max_replica_restarts", "max_drift"):
         need(getattr(c, name) >= 0, f"{flag(name)} must be >= 0, got {getattr(c, name)}")
-    need(c.drivers is None or c.drivers >= 1, f"--drivers must be >= 1, got {c.drivers}")
-    need(c.drivers in (None, 1) or c.target.managed, f"--drivers {c.drivers}: driver actors run on the Ray cluster "
-         "of a target whose replicas the harness starts; --endpoint servers are driven from this process only")
     need(c.num_cpus is None or c.num_cpus >= 1, f"--num-cpus must be >= 1, got {c.num_cpus}")
     g = c.gpus_per_rank
     if g is not None:

@@ -59,17 +59,22 @@ def auto_drivers(concurrency: tuple[int, ...], request_rate: tuple[float, ...], 
 
 def resolve_drivers(cfg, sessions: dict[str, list]) -> int:
     """The number of driver actors for this run (`cfg`: the RunConfig; --drivers, else auto, and 1 for a target
-    without a Ray cluster); ConfigError when --drivers asks for more actors than any pool has sessions (an actor
-    would have nothing to send)."""
-    most = max((len(s) for s in sessions.values()), default=0)
-    if cfg.drivers is not None and cfg.drivers > most:
-        raise ConfigError(f"--drivers {cfg.drivers}: more driver actors than sessions (the largest pool has {most}); "
-                          "a session runs whole on one actor, so use at most that many")
-    if cfg.drivers is not None:
-        return cfg.drivers
-    if not cfg.target.managed:
-        return 1
-    return min(auto_drivers(cfg.concurrency, cfg.request_rate, len(sessions), cfg.sequential_pools), max(most, 1))
+    without a Ray cluster), checked before anything starts: ConfigError for --drivers below 1, above 1 for
+    servers the harness does not start, or above the sessions of the largest pool (an actor would idle)."""
+    n, most = cfg.drivers, max((len(s) for s in sessions.values()), default=0)
+    if n is None:
+        if not cfg.target.managed:
+            return 1
+        return min(auto_drivers(cfg.concurrency, cfg.request_rate, len(sessions), cfg.sequential_pools), max(most, 1))
+    if n < 1:
+        raise ConfigError(f"--drivers must be >= 1, got {n}")
+    if n > 1 and not cfg.target.managed:
+        raise ConfigError(f"--drivers {n}: driver actors run on the Ray cluster of a target whose replicas the "
+                          "harness starts; --endpoint servers are driven from this process only")
+    if n > most:
+        raise ConfigError(f"--drivers {n}: more driver actors than sessions (the largest pool has {most}); a "
+                          "session runs whole on one actor, so use at most that many")
+    return n
 
 
 def split_concurrency(c: int, n: int) -> list[int]:

@@ -53,24 +53,30 @@ def test_more_drivers_than_sessions_is_refused_and_auto_never_exceeds_them():
 
 
 def test_bad_drivers_values_are_refused_before_anything_starts():
+    sessions = {"i128": make_sessions(3)}
     with pytest.raises(ConfigError, match="^--drivers must be >= 1, got 0$"):
-        from_argv(["--drivers", "0"], {})
+        resolve_drivers(from_argv(["--drivers", "0"], {})[0], sessions)
     with pytest.raises(ConfigError, match="^--drivers 2: driver actors run on the Ray cluster of a target whose "
                        "replicas the harness starts; --endpoint servers"):
-        from_argv(["--endpoint", "http://a:1", "--reference-endpoint", "http://b:2", "--drivers", "2"], {})
-    assert from_argv(["--drivers", "3"], {})[0].drivers == 3
+        resolve_drivers(from_argv(["--endpoint", "http://a:1", "--reference-endpoint", "http://b:2", "--drivers",
+                                   "2"], {})[0], sessions)
+    assert resolve_drivers(from_argv(["--drivers", "1", "--endpoint", "http://a:1", "--reference-endpoint",
+                                      "http://b:2"], {})[0], sessions) == 1
 
 
-def test_too_many_drivers_for_the_suite_exit_2_before_a_run_directory_exists(tmp_path):
+@pytest.mark.parametrize(("drivers", "message"), [
+    ("3", "--drivers 3: more driver actors than sessions (the largest pool has 2)"),
+    ("0", "--drivers must be >= 1, got 0")])
+def test_bad_drivers_exit_2_before_a_run_directory_exists(tmp_path, drivers, message):
     suite = tmp_path / "two.jsonl"
     suite.write_text("".join(json.dumps(s) + "\n" for s in _session_dicts(2)))
     proc = subprocess.run([sys.executable, "-m", "harness.run", "--suite", str(suite), "--intervals", "16",
-                           "--concurrency", "2", "--drivers", "3", "--runs-dir", str(tmp_path / "runs"),
-                           "--dry-run"], capture_output=True, text=True, timeout=120,
+                           "--concurrency", "2", "--drivers", drivers, "--runs-dir", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "--drivers 3: more driver actors than sessions (the largest pool has 2)" in proc.stderr
-    assert not (tmp_path / "runs").exists()
+    assert f"specgate: error: {message}" in proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing was started or written
 
 
 def _session_dicts(n: int) -> list[dict]:
