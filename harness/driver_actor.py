@@ -11,6 +11,7 @@ point's counts. Its reference requests are shared with the other actors through 
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -72,8 +73,6 @@ class DriverActor:
         s = self.spec
         run_dir = Path(s.run_dir)
         if not (run_dir / "config.json").is_file():
-            import socket
-
             raise FileNotFoundError(f"driver actor {s.name} on {socket.gethostname()}: the run directory {run_dir} "
                                     "is not on this node (driver actors write into it: it must be on a filesystem "
                                     "every node shares)")

@@ -164,3 +164,14 @@ def test_the_registry_gives_each_input_to_one_server_and_its_answer_to_every_oth
         assert await reg.claim("h") == RefDone(True, b"y") and reg.size() == 2
 
     asyncio.run(go())
+
+
+def test_the_heads_progress_adds_what_each_actor_counted():
+    from harness.progress import Progress
+
+    p = Progress(10, 2, enabled=False)
+    p.add(done=3, errors=1, mismatches=2, retries=1, references=3)
+    p.add(done=1)
+    assert (p.done, p.errors, p.mismatches, p.retries, p.references) == (6, 1, 2, 1, 3)
+    assert "6/10 candidates answered, 3 references, 2 with other tokens" in p.line()
+    p.close()
