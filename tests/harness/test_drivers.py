@@ -175,3 +175,14 @@ def test_the_heads_progress_adds_what_each_actor_counted():
     assert (p.done, p.errors, p.mismatches, p.retries, p.references) == (6, 1, 2, 1, 3)
     assert "6/10 candidates answered, 3 references, 2 with other tokens" in p.line()
     p.close()
+
+
+def test_an_actor_that_cannot_see_the_run_directory_says_so(tmp_path):
+    from harness.driver_actor import ActorSpec, DriverActor
+
+    actor = DriverActor(ActorSpec(name="d1", run_id="r", run_dir=str(tmp_path / "elsewhere"), candidates=[],
+                                  reference=None, sessions={}), registry=None)
+    with pytest.raises(FileNotFoundError, match=r"driver actor d1 on .*: the run directory .*elsewhere is not on "
+                       "this node .*a filesystem every node shares"):
+        asyncio.run(actor.start())
+    assert not (tmp_path / "elsewhere").exists()
