@@ -9,6 +9,7 @@ from math import comb
 
 import pytest
 
+from reports import exact_test as exact_test_module
 from reports.exact_test import Stratum, exact_test, fisher_greater, tarone_level
 
 
@@ -112,3 +113,34 @@ def test_tarone_counts_only_the_tests_that_can_reach_the_level():
     # 3 tests reach 0.001 / 1 and 0.001 / 2 but only 1 reaches 0.001 / 3: K = 3 (at most 3 can reach 0.001 / 3)
     assert tarone_level([1e-9, 4e-4, 4e-4], 0.001) == pytest.approx((0.001 / 3, 3))
     assert tarone_level([], 0.001) == (0.001, 1)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_float_law_of_large_strata_equals_the_integer_one(seed, monkeypatch):
+    """Strata past EXACT_TURNS are tested in floating point: the same p-values as integer arithmetic gives, from
+    tables of a few turns to several hundred, one stratum or several, whatever side the events lean to."""
+    rng = random.Random(seed)
+    strata = []
+    for _ in range(rng.randint(1, 4)):
+        turns_a, turns_b = rng.randint(1, 300), rng.randint(1, 600)
+        rate = rng.choice([0.001, 0.02, 0.3])
+        strata.append(Stratum(sum(rng.random() < rate * rng.choice([1, 3]) for _ in range(turns_a)), turns_a,
+                              sum(rng.random() < rate for _ in range(turns_b)), turns_b))
+    exact = exact_test(strata)
+    monkeypatch.setattr(exact_test_module, "EXACT_TURNS", 0)
+    approx = exact_test(strata)
+    if exact.p > 1e-60:  # far below any level, the float law keeps fewer digits (reports/exact_test.py _TRIM)
+        assert approx.p == pytest.approx(exact.p, rel=1e-9)
+    else:
+        assert approx.p < 1e-50
+    assert approx.p_min == pytest.approx(exact.p_min, rel=1e-9, abs=1e-300)
+    assert (approx.events_a, approx.turns_a, approx.events_b, approx.turns_b) == \
+        (exact.events_a, exact.turns_a, exact.events_b, exact.turns_b)
+
+
+def test_a_soak_sized_table_is_tested_in_floating_point():
+    """Tens of thousands of turns per stratum: a clear excess is found, no excess is not (the float law)."""
+    big = [Stratum(400, 30_000, 300, 60_000), Stratum(380, 30_000, 310, 60_000)]
+    assert exact_test(big).p < 1e-30
+    same = [Stratum(100, 30_000, 200, 60_000), Stratum(90, 30_000, 205, 60_000)]
+    assert exact_test(same).p > 0.5
