@@ -154,14 +154,15 @@ def test_a_live_driver_lock_is_not_taken_and_a_dead_ones_is(tmp_path):
 def test_the_registry_gives_each_input_to_one_server_and_its_answer_to_every_other():
     async def go():
         reg = ReferenceRegistry({"old": RefDone(False, b"x")})
-        assert await reg.claim("old") == RefDone(False, b"x")
-        assert await reg.claim("h") is None  # the first claim serves it
-        waiters = [asyncio.ensure_future(reg.claim("h")) for _ in range(3)]
+        assert reg.claim(["old", "h", "g"]) == {"old": RefDone(False, b"x"), "h": None, "g": None}  # serve h, g
+        assert reg.claim(["h", "g"]) == {"h": True, "g": True}  # another actor serves them: wait
+        waiters = [asyncio.ensure_future(reg.wait("h")) for _ in range(3)]
         await asyncio.sleep(0.01)
         assert not any(w.done() for w in waiters)
-        reg.report("h", RefDone(True, b"y"))
+        reg.report({"h": RefDone(True, b"y")})
         assert await asyncio.gather(*waiters) == [RefDone(True, b"y")] * 3
-        assert await reg.claim("h") == RefDone(True, b"y") and reg.size() == 2
+        assert reg.claim(["h"]) == {"h": RefDone(True, b"y")} and await reg.wait("h") == RefDone(True, b"y")
+        assert reg.size() == 2
 
     asyncio.run(go())
 
@@ -186,3 +187,45 @@ def test_an_actor_that_cannot_see_the_run_directory_says_so(tmp_path):
                        "this node .*a filesystem every node shares"):
         asyncio.run(actor.start())
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_two_actors_asking_for_the_same_inputs_serve_each_once_in_batched_calls():
+    from types import SimpleNamespace
+
+    from harness.shared_refs import SharedReferences
+
+    calls = []
+
+    class Handle:  # the registry as a Ray actor handle reaches it: `await handle.method.remote(...)`
+        def __init__(self, reg):
+            self.reg = reg
+
+        def __getattr__(self, name):
+            async def remote(*args):
+                calls.append(name)
+                out = getattr(self.reg, name)(*args)
+                return await out if asyncio.iscoroutine(out) else out
+            return SimpleNamespace(remote=remote)
+
+    class Actor(SharedReferences):
+        async def _serve(self, ids, h, max_new, session, turn):
+            served.append(h)
+            await asyncio.sleep(0.01)
+            return RefDone(False, h.encode())
+
+    served: list[str] = []
+
+    async def go():
+        handle = Handle(ReferenceRegistry())
+        actors = [Actor(None, registry=handle, sender=None, recorder=None, progress=None, concurrency=4)
+                  for _ in range(2)]
+        hashes = [f"h{k}" for k in range(20)]
+        answers = await asyncio.gather(*(a.answer([], h, 1, None, 0) for h in hashes for a in actors))
+        for a in actors:
+            await a.wait()
+        return answers
+
+    answers = asyncio.run(go())
+    assert sorted(served) == sorted(f"h{k}" for k in range(20))  # each input served once, by one of the two
+    assert answers == [RefDone(False, f"h{k}".encode()) for k in range(20) for _ in range(2)]
+    assert calls.count("claim") <= 4 and calls.count("report") <= 4  # batches, not a call per request
