@@ -34,10 +34,11 @@ def test_concurrency_shares_add_up_to_the_point_and_differ_by_at_most_one():
 
 def test_auto_is_one_driver_until_a_point_is_more_than_one_process_carries():
     assert auto_drivers((1, 4, 8, 16), (), pools=2, sequential=False, cpus=16) == 1
-    assert auto_drivers((256,), (), pools=2, sequential=False, cpus=16) == 2
-    assert auto_drivers((256,), (), pools=2, sequential=True, cpus=16) == 1
-    assert auto_drivers((4,), (1000.0,), pools=1, sequential=False, cpus=16) == 5
-    assert auto_drivers((4096,), (), pools=2, sequential=False, cpus=2) == 2  # at most one per core
+    assert auto_drivers((256,), (), pools=2, sequential=False, cpus=16) == 1
+    assert auto_drivers((512,), (), pools=2, sequential=False, cpus=16) == 2
+    assert auto_drivers((512,), (), pools=2, sequential=True, cpus=16) == 1
+    assert auto_drivers((4,), (2500.0,), pools=1, sequential=False, cpus=16) == 5
+    assert auto_drivers((8192,), (), pools=2, sequential=False, cpus=2) == 2  # at most one per core
 
 
 def test_more_drivers_than_sessions_is_refused_and_auto_never_exceeds_them():
