@@ -6,6 +6,7 @@ warmup (harness/warmup.py; recorded apart, not gated) and flush again, then run 
 request-rate point. Every candidate input is also sent once to the reference pool (harness/references.py),
 and a turn that restored a checkpoint is probed (harness/window.py). Records are written as answers arrive
 (harness/recorder.py); a resumed run goes on from what earlier processes recorded (harness/recorded.py).
+With `--drivers N` the sessions are sent by Ray actors and this driver keeps the rest (harness/driver_actors.py).
 """
 
 from __future__ import annotations
