@@ -100,6 +100,7 @@ def adopt(run_dir: str | Path, wait_s: float = 10.0, trust_foreign: bool = True)
             else:
                 p.unlink()
         if not journals:
+            _remove_if_empty(d)
             continue
         sealed = L.sealed_dir(record_dir, L.scan(record_dir).next_seq)
         sealed.mkdir()
@@ -112,4 +113,13 @@ def adopt(run_dir: str | Path, wait_s: float = 10.0, trust_foreign: bool = True)
         L.fsync_dir(sealed)
         L.fsync_dir(d)
         L.fsync_dir(record_dir)
+        _remove_if_empty(d)
+    _remove_if_empty(root)
     return moved
+
+
+def _remove_if_empty(d: Path) -> None:
+    try:
+        d.rmdir()
+    except OSError:  # not empty (what else is there is not ours to remove)
+        pass

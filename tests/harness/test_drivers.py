@@ -124,6 +124,7 @@ def test_driver_journals_join_the_run_records_once_with_a_partial_line_cut(tmp_p
         f.write(b'{"key": "i16-c1/s9/0", "ro')  # a killed actor's half line
     assert adopt(run) == 3
     assert adopt(run) == 0  # nothing is adopted twice
+    assert not (run / "drivers").exists()  # the emptied directories are gone
     files = RecordFiles(run, set())  # builds the adopted sealed directories into parts, as a resume does
     files.close()
     keys = sorted(r["key"] for r in read_lines(run))

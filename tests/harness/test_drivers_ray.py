@@ -44,7 +44,7 @@ def test_two_driver_actors_record_what_one_driver_records(ray_local, workdir, ca
                 for n in (1, 2))
     assert one == two
     assert _offsets(runs[2]) == _offsets(runs[1]) and len(_offsets(runs[1])) == 24  # the same open-loop plan
-    assert not list((runs[2] / "drivers" / "d0").glob("*.jsonl"))  # joined into the run's records
+    assert not (runs[2] / "drivers").exists()  # every actor's journals joined into the run's records
 
 
 def test_killed_driver_actor_then_resume_loses_and_doubles_nothing(ray_local, workdir):
