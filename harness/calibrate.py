@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pandas as pd
+
 from records.rundir import load_config, write_json
 from reports.analyze_run import AnalyzedRun, analyze_run
 from reports.controls import BASELINE_POOL, controls_of, is_control
@@ -159,11 +161,17 @@ def per_path(df, source_df, gate: GateThresholds, tolerance_given: bool, from_ru
     return out, uncalibrated
 
 
+def _rows(run: AnalyzedRun) -> list[dict]:
+    """Each candidate of `run`, in record order: its key, pool, cached tokens and error (None when it has none)."""
+    df = run.df[["key", "pool", "cached_tokens", "error"]]
+    return [{k: (None if pd.isna(v) else v) for k, v in r.items()} for r in df.to_dict("records")]
+
+
 def with_restore_tolerance(cal: Calibration, run: AnalyzedRun) -> Calibration:
     """`cal` with the restore tolerance of its controls' restored turns in `run` (their first output token's
     drift, `run.facts.first_drift`)."""
-    drifts = [run.facts.first_drift.get(r["key"]) for r in run.candidates
-              if r.get("pool") in cal.controls and (r.get("cached_tokens") or 0) > 0 and not r.get("error")]
+    drifts = [run.facts.first_drift.get(r["key"]) for r in _rows(run)
+              if r["pool"] in cal.controls and (r["cached_tokens"] or 0) > 0 and not r["error"]]
     drifts = [d for d in drifts if d is not None]
     if not drifts:
         return cal
@@ -173,7 +181,7 @@ def with_restore_tolerance(cal: Calibration, run: AnalyzedRun) -> Calibration:
 def with_window_limits(cal: Calibration, run: AnalyzedRun) -> Calibration:
     """`cal` with the restore window's limits from its controls' compared windows in `run` (their restored turns'
     `run.facts.window`); with --drift-tolerance the user's tolerance, no envelope. Unchanged without any."""
-    facts = [f for r in run.candidates if r.get("pool") in cal.controls
+    facts = [f for r in _rows(run) if r["pool"] in cal.controls
              and isinstance(f := run.facts.window.get(r["key"]), WindowFact)]
     if not facts:
         return cal
@@ -188,8 +196,8 @@ def ladder_sums_by_pool(pools: set[str], run: AnalyzedRun) -> dict[str, list[tup
     """Per pool of `pools`: the ladder sums (reports/envelope.py) of its answered records in `run` (analyzed
     with those pools among its `ladder_pools`), in record order."""
     out: dict[str, list[tuple[float, ...]]] = {p: [] for p in pools}
-    for r in run.candidates:
-        sums = run.facts.ladders.get(r["key"]) if r.get("pool") in out else None
+    for r in _rows(run):
+        sums = run.facts.ladders.get(r["key"]) if r["pool"] in out else None
         if sums is not None:
             out[r["pool"]].append(sums)
     return out

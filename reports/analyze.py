@@ -40,6 +40,8 @@ _INT_COLUMNS = [
     "restored_crossing_step", "restored_crossing_commit_len", "spec_verify_ct", "completion_tokens",
     "retries",
 ]
+LINK_COLUMNS = ["restored_link", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
+                "restored_crossing_tracked"]  # set by reports/links.py
 _FLOAT_COLUMNS = ["drift", "drift_before_flip", "ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
 
 
@@ -181,14 +183,40 @@ def empty_frame() -> pd.DataFrame:
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame's typed columns (those of REQUEST_COLUMNS it holds) converted in place."""
     for col in _INT_COLUMNS:
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype("Float64").round().astype("Int64")
+        if col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("Float64").round().astype("Int64")
     for col in _FLOAT_COLUMNS:
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-    df["restored"] = df["restored"].astype(bool)
-    df["restored_verify_crossed"] = df["restored_verify_crossed"].astype(bool)
-    df["restored_crossing_tracked"] = df["restored_crossing_tracked"].astype("boolean")
-    df["injected_fault_hit"] = df["injected_fault_hit"].astype("boolean")
+        if col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    for col, dtype in (("restored", bool), ("restored_verify_crossed", bool), ("restored_crossing_tracked", "boolean"),
+                       ("injected_fault_hit", "boolean")):
+        if col in df:
+            df[col] = df[col].astype(dtype)
+    return df
+
+
+def chunk_frame(cols: dict[str, list]) -> pd.DataFrame:
+    """Typed rows of REQUEST_COLUMNS lists, before any link is set (frames_joined puts them together)."""
+    return _typed(pd.DataFrame(cols, columns=REQUEST_COLUMNS))
+
+
+def frames_joined(chunks: list[pd.DataFrame], links: dict[str, list]) -> pd.DataFrame:
+    """The requests frame of chunk_frame chunks, in order, with the link columns (LINK_COLUMNS, whole lists):
+    equal to frame() over the chunks' lists together (a text column is text wherever any chunk has text)."""
+    if not chunks:
+        return empty_frame()
+    df = pd.concat(chunks, ignore_index=True)
+    chunks.clear()
+    for col in REQUEST_COLUMNS:
+        if df[col].dtype == object and col != "crossings" and col not in links:
+            values = df[col].dropna()
+            if len(values) and all(isinstance(v, str) for v in values):
+                df[col] = df[col].astype("str")
+    typed = _typed(pd.DataFrame(links))
+    for col in LINK_COLUMNS:
+        df[col] = typed[col].to_numpy() if typed[col].dtype == object else typed[col].array
     return df
 
 

@@ -57,12 +57,11 @@ def _references(tb, recs, index, store):
     return found.take(pa.array(pos, pa.int64())).combine_chunks(), has_ref
 
 
-def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, has_input, facts, spill,
+def batch_rows(tb, ks, recs, index, store, prompts, per_pool, default, cols, digests, has_input, facts, spill,
                ladder_pools=None) -> None:
-    """Append the frame rows of candidate rows `tb` (global rows `ks`, scalars in index.cands) to `cols`, their
-    TokenFacts to `facts` (reports/facts.py; ladder sums for the pools `ladder_pools(pool)` names) and their
-    input and output ids to `spill` (tree shapes)."""
-    recs = [index.cands[k] for k in ks]
+    """Append the frame rows of candidate rows `tb` (global rows `ks`, their scalar fields `recs`) to `cols`,
+    their TokenFacts to `facts` (reports/facts.py; ladder sums for the pools `ladder_pools(pool)` names) and their
+    input and output ids with what the tree shapes read of them to `spill`."""
     n = len(recs)
     over = overrides(tb)  # where a row departs from its typed columns (records/columns.py)
     extras = [ov.values for ov in over]
@@ -97,7 +96,7 @@ def batch_rows(tb, ks, index, store, prompts, per_pool, default, cols, digests, 
         rec, ids = recs[i], inputs.get(i)
         out_ids = extras[i]["output_ids"] if "output_ids" in extras[i] else \
             cand.ids[cand.ids_start[i]:cand.ids_start[i] + cand.ids_len[i]]
-        spill.add(k, ids, out_ids)
+        spill.add(k, ids, out_ids, rec)
         output_len = len(out_ids or []) if not isinstance(out_ids, np.ndarray) else len(out_ids)
         input_len = int(rec.get("input_len") or (len(ids) if ids is not None else 0))
         if k in index.in_len or k in index.seq_lens:

@@ -12,32 +12,41 @@ holding any record's token lists beyond one batch:
 4. the tree shapes (reports/tree_shapes.py) walk each sweep point's ids, spilled to a temporary file in the token
    pass and read back one point at a time.
 
-The token pass also gathers the verdict's TokenFacts (reports/facts.py). What it holds: one scalar dict per
-candidate, the frame, digests, the facts, at most `budget` bytes of row groups, and one sweep point's ids.
+The token pass also gathers the verdict's TokenFacts (reports/facts.py), each candidate's latency figures
+(reports/latency.py) and what the tree shapes read of it (spilled with its ids). What it holds per candidate:
+its frame row, latency row, digests and facts, where its reference is, and where its spill is; beyond that at
+most `budget` bytes of row groups, one batch's records and one sweep point's spilled ids.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import tempfile
+from array import array
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from records import layout as L
 from records.columns import FIELDS
 from records.lookup import RowStore
 from records.reader import RunReader
-from reports.analyze import REQUEST_COLUMNS, frame
+from reports.analyze import REQUEST_COLUMNS, chunk_frame, frames_joined
 from reports.analyze_batch import ORACLE_FIELDS, TOKENS, batch_rows
 from reports.facts import TokenFacts
+from reports.latency import request_latency
+from reports.links import LinkIndex
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
-from reports.tree_shapes import request_shapes
+from reports.tree_shapes import point_of, shapes_of_points, slim
 from reports.window import WINDOW_LISTS
 
+LINKS = ["role", "pool", "concurrency", "session_id", "turn", "cached_tokens", "input_hash", "_extra", "_absent"]
 SCALARS = ["key", "run_id", "role", "pool", "engine", "interval", "concurrency", "replica_id", "node_id", "suite",
            "case", "case_id", "session_id", "turn", "input_hash", "input_len", "cached_tokens", "completion_tokens",
            "finish_reason", "spec_verify_ct", "spec_accept_length", "ttft", "itl", "e2e", "t_start", "retries",
@@ -49,7 +58,9 @@ class AnalyzedRun:
     """A run's requests frame and what its reading found (as records.jsonl.RunRecords says it)."""
 
     df: object  # pandas DataFrame, REQUEST_COLUMNS
-    candidates: list[dict]  # per candidate, its scalar fields (no token lists), in frame order
+    latency: object = None  # pandas DataFrame: reports.latency.request_latency of the candidates, in frame order
+    run_id: str | None = None  # the first candidate's
+    cache_lost: Counter = field(default_factory=Counter)  # candidates per `cache_lost` reason (reports/incidents.py)
     stats: list[dict] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)
     corrupt: list[str] = field(default_factory=list)
@@ -57,6 +68,10 @@ class AnalyzedRun:
     references: int = 0  # distinct reference input hashes
     facts: TokenFacts = field(default_factory=TokenFacts)  # per candidate: first-token drift, accepted drafts
     shapes: object = None  # pandas DataFrame: reports.tree_shapes.request_shapes of the candidates
+
+    @property
+    def n_candidates(self) -> int:
+        return len(self.df)
 
 
 _PARSED: dict[str, object] = {}  # JSON text -> its value: engine settings and case metadata repeat
@@ -91,7 +106,6 @@ def _scalars(data: dict[str, list], i: int) -> dict:
     for name, value in extra.items():  # fields with no column of their own (ttst, t_planned, ...)
         if name not in data and name not in tokens and name not in WINDOW_LISTS:  # the window's: token pass
             rec[name] = value
-    rec["_extra_keys"] = frozenset(extra) & tokens
     return rec
 
 
@@ -104,35 +118,57 @@ def _field(data: dict[str, list], i: int, name: str):
 
 
 class _Spill:
-    """Each candidate row's input ids and input + output ids, written to a temporary file in the token pass and
-    read back one sweep point at a time for the tree shapes (reports/tree_shapes.py)."""
+    """Each candidate row's input ids, input + output ids and what the tree shapes read of its record
+    (reports/tree_shapes.py slim), written to a temporary file in the token pass and read back one sweep point at
+    a time (rows are added in order, 0, 1, 2, ...)."""
 
     _I32 = np.iinfo(np.int32)
 
     def __init__(self) -> None:
         self.file = tempfile.TemporaryFile(prefix="specgate-ids-")
-        self.at: dict[int, tuple[int, int, int, np.dtype]] = {}  # row -> (offset, input length, length, dtype)
+        self.offset, self.n_in, self.n, self.wide, self.meta = array("q"), array("q"), array("q"), array("b"), \
+            array("q")
         self.size = 0
 
-    def add(self, k: int, ids, out_ids) -> None:
+    def add(self, k: int, ids, out_ids, rec: dict) -> None:
+        assert k == len(self.offset), (k, len(self.offset))
         seq = np.concatenate([np.asarray(ids if ids is not None else [], np.int64),
                               np.asarray(out_ids if out_ids is not None else [], np.int64)])
         n_in = 0 if ids is None else len(ids)
-        if not len(seq) or (seq.min() >= self._I32.min and seq.max() <= self._I32.max):
-            seq = seq.astype(np.int32)
-        data = seq.tobytes()
+        wide = not (not len(seq) or (seq.min() >= self._I32.min and seq.max() <= self._I32.max))
+        data = (seq if wide else seq.astype(np.int32)).tobytes()
+        meta = pickle.dumps(slim(rec), protocol=pickle.HIGHEST_PROTOCOL)
         self.file.seek(self.size)
         self.file.write(data)
-        self.at[k] = (self.size, n_in, len(seq), seq.dtype)
-        self.size += len(data)
+        self.file.write(meta)
+        self.offset.append(self.size)
+        self.n_in.append(n_in)
+        self.n.append(len(seq))
+        self.wide.append(wide)
+        self.meta.append(len(meta))
+        self.size += len(data) + len(meta)
 
-    def load(self, rows: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per row: (input ids, input + output ids), views of one array read back."""
+    def _read(self, k: int) -> tuple[np.ndarray, int, bytes]:
+        dtype = np.dtype(np.int64 if self.wide[k] else np.int32)
+        self.file.seek(self.offset[k])
+        data = self.file.read(self.n[k] * dtype.itemsize + self.meta[k])
+        cut = self.n[k] * dtype.itemsize
+        return np.frombuffer(data[:cut], dtype=dtype), self.n_in[k], data[cut:]
+
+    def records(self, rows) -> list[dict]:
+        """The rows' slim records, each with its row under `_row`."""
         out = []
         for k in rows:
-            offset, n_in, n, dtype = self.at[k]
-            self.file.seek(offset)
-            seq = np.frombuffer(self.file.read(n * dtype.itemsize), dtype=dtype)
+            rec = pickle.loads(self._read(k)[2])
+            rec["_row"] = k
+            out.append(rec)
+        return out
+
+    def load(self, recs: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per record (of `records`): (input ids, input + output ids), views of one array read back."""
+        out = []
+        for rec in recs:
+            seq, n_in, _ = self._read(rec["_row"])
             out.append((seq[:n_in], seq))
         return out
 
@@ -141,35 +177,37 @@ class _Spill:
 
 
 class _Index:
-    """The index pass: candidates' scalar fields, references' places, the prefixes the links need."""
+    """The index pass: how many candidates, references' places, the prefixes the links need."""
 
     def __init__(self, reader: RunReader, store: RowStore) -> None:
-        self.cands: list[dict] = []
+        self.n = 0
         self.refs: dict[str, tuple] = {}
         self.seen: set = set()
         self.stems = [s for s in reader.stems() if L.is_request_stem(s)]
         self.has_candidates = dict.fromkeys(self.stems, False)
+        first: dict[tuple, int] = {}
+        links: list[tuple[int, tuple, int, int]] = []  # (row, session, turn, cached) of the restored turns
         for stem in self.stems:
-            for batch, s, g, rows in store.scan(stem, SCALARS, self.seen, spill_role="reference"):
+            for batch, s, g, rows in store.scan(stem, LINKS, self.seen, spill_role="reference"):
                 data = batch.to_pydict()
                 self.has_candidates[stem] |= "candidate" in data["role"]
                 for i, role in enumerate(data["role"]):
                     if role == "candidate":
-                        self.cands.append(_scalars(data, i))
+                        k = self.n
+                        self.n += 1
+                        session = tuple(_field(data, i, f) for f in ("pool", "concurrency", "session_id"))
+                        turn, cached = _field(data, i, "turn"), int(_field(data, i, "cached_tokens") or 0)
+                        first.setdefault((*session, turn), k)
+                        if isinstance(turn, int) and turn > 0 and cached > 0:
+                            links.append((k, session, turn, cached))
                     elif role == "reference":
                         self.refs.setdefault(str(_field(data, i, "input_hash")), (s, g, int(rows[i])))
         self.in_len: dict[int, int] = {}  # row -> length of its input prefix to digest
         self.seq_lens: dict[int, set[int]] = {}  # row -> lengths of its input + output prefixes to digest
-        first: dict[tuple, int] = {}
-        for k, c in enumerate(self.cands):
-            first.setdefault((c.get("pool"), c.get("concurrency"), c.get("session_id"), c.get("turn")), k)
-        for k, c in enumerate(self.cands):
-            turn, cached = c.get("turn"), int(c.get("cached_tokens") or 0)
-            if not isinstance(turn, int) or turn <= 0 or cached <= 0:
-                continue
+        for k, session, turn, cached in links:
             self.in_len[k] = cached
             for t in range(turn):
-                j = first.get((c.get("pool"), c.get("concurrency"), c.get("session_id"), t))
+                j = first.get((*session, t))
                 if j is not None:
                     self.seq_lens.setdefault(j, set()).add(cached)
 
@@ -191,25 +229,46 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         digests: dict[tuple[int, int], bytes] = {}  # (row, length) -> digest of input[:length] (length < 0)
         has_input: dict[int, bool] = {}
         facts = TokenFacts()
+        chunks: list[pd.DataFrame] = []  # the frame's rows, a batch at a time, typed (reports/analyze.py)
+        links = LinkIndex()  # what the restore links read of each row (reports/links.py)
+        latency: list[pd.DataFrame] = []
+        lost: Counter = Counter()
+        groups: dict[tuple, array] = {}  # reports/tree_shapes.py point_of -> its rows, in frame order
+        run_id = None
         k = 0
         seen: set = set()
         quiet = RunReader(run_dir)  # the token pass reads again: its warnings are the index pass's
         tstore = RowStore(quiet, 0)
+        read = list(dict.fromkeys([*TOKENS, *SCALARS]))
         for stem in index.stems:
             if not index.has_candidates[stem]:  # its keys only, so that `seen` drops what the index pass dropped
                 for _ in quiet.batches(stem, ["key"], seen):
                     pass
                 continue
-            for batch, _, _, _ in tstore.scan(stem, TOKENS, seen):
+            for batch, _, _, _ in tstore.scan(stem, read, seen):
                 roles = batch.column("role").to_pylist()
                 mine = np.array([r == "candidate" for r in roles], dtype=bool)
                 if not mine.any():
                     continue
                 tb = batch.filter(pa.array(mine))
+                data = {c: tb.column(c).to_pylist() for c in SCALARS}
+                recs = [_scalars(data, i) for i in range(tb.num_rows)]
                 ks = list(range(k, k + tb.num_rows))
                 k += tb.num_rows
-                batch_rows(tb, ks, index, store, prompts, per_pool, (threshold, tolerance), cols, digests, has_input,
-                           facts, spill, ladder_pools)
+                batch_rows(tb, ks, recs, index, store, prompts, per_pool, (threshold, tolerance), cols, digests,
+                           has_input, facts, spill, ladder_pools)
+                links.add(cols)
+                chunks.append(chunk_frame(cols))
+                cols = {c: [] for c in REQUEST_COLUMNS}
+                latency.append(request_latency(recs))
+                for row, rec in zip(ks, recs, strict=True):
+                    if rec.get("cache_lost"):
+                        lost[rec["cache_lost"]] += 1
+                    point = point_of(rec)
+                    if point is not None:
+                        groups.setdefault(point, array("q")).append(row)
+                if run_id is None and recs:
+                    run_id = recs[0].get("run_id")
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
 
@@ -218,15 +277,15 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                 return True
             return digests[(i, -length)] == digests[(j, length)]
 
-        df = frame(cols, on_path)
-        cols.clear()
+        crossings = [c for chunk in chunks for c in chunk["crossings"]]
+        df = frames_joined(chunks, links.links(crossings.__getitem__, on_path))
+        del crossings
         digests.clear()
-        row_of_rec = {id(c): k for k, c in enumerate(index.cands)}
-        shapes = request_shapes(index.cands, lambda recs: spill.load([row_of_rec[id(r)] for r in recs]))
-        for c in index.cands:
-            c.pop("_extra_keys", None)
-        return AnalyzedRun(df, index.cands, stats, reader.truncated, reader.corrupt,
-                           reader.duplicates, len(index.refs), facts, shapes)
+        shapes = shapes_of_points((spill.records(rows) for rows in groups.values()), spill.load)
+        return AnalyzedRun(df, latency=pd.concat(latency, ignore_index=True) if latency else request_latency([]),
+                           run_id=run_id, cache_lost=lost, stats=stats, truncated=reader.truncated,
+                           corrupt=reader.corrupt, duplicates=reader.duplicates, references=len(index.refs),
+                           facts=facts, shapes=shapes)
     finally:
         store.close()
         spill.close()

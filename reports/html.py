@@ -59,7 +59,7 @@ def render_html(results: RunResults) -> str:
              key_figures(df, r.configs, verdict), CONTENTS, diagnosis_section(r.diagnosis)]
     if r.warnings:
         parts.append('<div class="warn">' + "<br>".join(esc(w) for w in r.warnings) + "</div>")
-    parts.append(incidents_html(r.config, r.records))
+    parts.append(incidents_html(r.config, r.cache_lost))
     if (r.config.get("calibration") or {}).get("text"):  # harness/calibrate.py: thresholds from a clean baseline
         parts.append(f"<h2 id=calibration>Calibration</h2><p>{html.escape(r.config['calibration']['text'])}.</p>")
     if deterministic_text(r.config):  # --deterministic: what the servers confirmed, which paths were exact

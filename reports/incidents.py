@@ -47,10 +47,9 @@ def code_span(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def incidents_html(config: dict, records: dict) -> str:
-    """The report section ('' when nothing happened)."""
+def incidents_html(config: dict, lost: Counter) -> str:
+    """The report section ('' when nothing happened); `lost`: cache_lost_counts of the candidates."""
     incidents = config.get("incidents") or []
-    lost = cache_lost_counts(records.values())
     if not incidents and not lost:
         return ""
     parts = [f"<h2>Replica incidents ({len(incidents)})</h2>"]
@@ -65,10 +64,9 @@ def incidents_html(config: dict, records: dict) -> str:
     return "\n".join(parts)
 
 
-def incidents_markdown(config: dict, records: dict) -> list[str]:
-    """summary.md lines ([] when nothing happened)."""
+def incidents_markdown(config: dict, lost: Counter) -> list[str]:
+    """summary.md lines ([] when nothing happened); `lost`: cache_lost_counts of the candidates."""
     incidents = config.get("incidents") or []
-    lost = cache_lost_counts(records.values())
     if not incidents and not lost:
         return []
     lines = [f"## Replica incidents ({len(incidents)})", ""]

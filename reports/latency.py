@@ -102,7 +102,11 @@ def point_latency(g: pd.DataFrame, slo: dict[str, float]) -> dict:
 
 def latency_by_point(records: Iterable[dict], slo: dict[str, float] | None = None) -> dict[tuple[str, str], dict]:
     """(pool, point label) -> point_latency of its candidate records."""
-    lat = request_latency(records)
+    return latency_of_points(request_latency(records), slo)
+
+
+def latency_of_points(lat: pd.DataFrame, slo: dict[str, float] | None = None) -> dict[tuple[str, str], dict]:
+    """(pool, point label) -> point_latency of its rows of `lat` (request_latency's frame)."""
     return {(pool, point): point_latency(g, slo or {})
             for (pool, point), g in lat.groupby(["pool", "point"], sort=True)}
 

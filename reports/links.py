@@ -7,6 +7,7 @@ over the columns of the requests frame (reports/analyze.py) before it is built.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 
 from records.schema import sweep_point_of
@@ -79,3 +80,66 @@ def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
             else:
                 cols["restored_link"][i] = "position"
             break
+
+
+class LinkIndex:
+    """What link_restored_checkpoints reads of each row, gathered batch by batch in compact form (a streamed run's
+    rows, reports/analyze_run.py): its session (pool, sweep point, session id) as a number, turn, restored
+    tokens, input length, and whether its class is an error or its interval unknown. `links(crossings, on_path)`
+    gives the link columns link_restored_checkpoints sets, as whole lists."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple, int] = {}
+        self.session, self.turn, self.cached, self.input_len = array("q"), [], [], []
+        self.no_prev = bytearray()  # 1: its class is an error or its interval unknown (no link from it)
+
+    def add(self, cols: dict[str, list]) -> None:
+        """Append the rows of a batch's frame columns (reports/analyze.py row_of lists)."""
+        for key, pool, conc, session in zip(cols["key"], cols["pool"], cols["concurrency"], cols["session_id"],
+                                            strict=True):
+            self.session.append(self._sessions.setdefault((pool, sweep_point_of(key, conc), session),
+                                                          len(self._sessions)))
+        self.turn += cols["turn"]
+        self.cached += cols["cached_tokens"]
+        self.input_len += cols["input_len"]
+        self.no_prev += bytes(int(c == "error" or iv is None) for c, iv in zip(cols["class"], cols["interval"],
+                                                                                strict=True))
+
+    def links(self, crossings: Callable[[int], list[dict]], on_path: OnPath) -> dict[str, list]:
+        """The link columns of every row (link_restored_checkpoints' rules); `crossings(j)`: row j's crossings."""
+        self._sessions.clear()
+        n = len(self.turn)
+        out = {"restored_link": [None] * n, "restored_verify_crossed": [False] * n,
+               "restored_crossing_step": [None] * n, "restored_crossing_commit_len": [None] * n,
+               "restored_crossing_tracked": [None] * n}
+        index: dict[tuple, int] = {}
+        for i in range(n):
+            index.setdefault((self.session[i], self.turn[i]), i)
+        turns, cached_col = self.turn, self.cached
+        for i, turn in enumerate(turns):
+            cached = cached_col[i]
+            if not isinstance(turn, int) or turn <= 0 or cached <= 0:
+                continue
+            where = self.session[i]
+            prev = index.get((where, turn - 1))
+            while prev is not None and cached_col[prev] == cached and turns[prev] > 0 and on_path(i, prev, cached):
+                prev = index.get((where, turns[prev] - 1))
+            if prev is None or self.no_prev[prev]:
+                continue
+            out["restored_link"][i] = "prefill" if cached_col[prev] < cached <= self.input_len[prev] else "none"
+            if not on_path(i, prev, cached):
+                out["restored_link"][i] = "none"
+                continue
+            for x in crossings(prev):
+                if x["boundary"] != cached:
+                    continue
+                if x["source"] == "reported":
+                    out["restored_link"][i] = "verify"
+                    out["restored_verify_crossed"][i] = True
+                    out["restored_crossing_step"][i] = x["step"]
+                    out["restored_crossing_commit_len"][i] = x["commit_len"]
+                    out["restored_crossing_tracked"][i] = x["tracked_agrees"]
+                else:
+                    out["restored_link"][i] = "position"
+                break
+        return out

@@ -163,16 +163,16 @@ def _with_paired(run_dir: Path, df: pd.DataFrame, config: dict) -> pd.DataFrame:
     return df.assign(**{"class": df["class"].where(~hit, "drift"), "detail": df["detail"].where(~hit, moved)})
 
 
-def _case_records(run_dir: Path, df: pd.DataFrame, scalars: dict[str, dict]) -> tuple[dict, dict]:
-    """The records the report shows whole: its worst cases' candidates (the other candidates by their scalar
-    fields) and their references, read back from the run directory (records/reader.py `find`)."""
+def _case_records(run_dir: Path, df: pd.DataFrame) -> tuple[dict, dict]:
+    """The records the report shows whole: its worst cases' candidates and their references, read back from the
+    run directory (records/reader.py `find`)."""
     cases = worst_cases(df) if len(df) else df
     if not len(cases):
-        return scalars, {}
+        return {}, {}
     reader = RunReader(run_dir)
     whole = reader.find("key", cases["key"].astype(str), "candidate")
     references = reader.find("input_hash", cases["input_hash"].astype(str), "reference")
-    return {**scalars, **whole}, references
+    return whole, references
 
 
 def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
@@ -181,8 +181,8 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
 
     Thresholds default to config.json's (top-level keys, then its `gate` object), then to GateThresholds();
     `per_pool` (a pool's own margin threshold and drift tolerance) to config.json's calibration. The records are
-    streamed (reports/analyze_run.py): what is held is the requests frame, each candidate's scalar fields and the
-    worst cases' records, never the token lists of the whole run.
+    streamed (reports/analyze_run.py): what is held is the requests frame, each candidate's latency figures and
+    the worst cases' records, never the token lists or the record dicts of the whole run.
     """
     run_dir = Path(run_dir)
     config = load_config(run_dir)
@@ -192,9 +192,9 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     per_pool = per_pool if per_pool is not None else _per_pool(config)
     run = analyze_run(run_dir, threshold=thresholds.margin_threshold, tolerance=thresholds.drift_tolerance,
                       per_pool=per_pool)
-    if not run.candidates:
+    if not run.n_candidates:
         raise NoRecordsError(f"{run_dir} has no candidate records (looked in {run_dir / 'records'})")
-    config.setdefault("run_id", run.candidates[0].get("run_id") or run_dir.name)
+    config.setdefault("run_id", run.run_id or run_dir.name)
     config["incidents"] = load_incidents(run_dir)  # replica failures, shown by reports/incidents.py
 
     # before the tables, so that requests.csv and every table count them as the verdict does
@@ -207,18 +207,18 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     if calibration and not (config.get("calibration") or {}).get("baseline_run"):
         calibration = with_control_flips(calibration, df)
     df = with_decisive_flips(df, numerics_scales(df, thresholds, per_pool, calibration))
-    tables = write_tables(df, run_dir, run.stats, run.candidates, run.shapes)
+    tables = write_tables(df, run_dir, run.stats, shapes=run.shapes, latency=run.latency)
     gated = df[~df["pool"].map(is_control)]
     floor = noise_floor(gated, thresholds.drift_tolerance)
     verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
                                _server_acceptance(run_dir), calibration,
                                (config.get("calibration") or {}).get("baseline_run"))
-    records, references = _case_records(run_dir, df, {str(c.get("key")): c for c in run.candidates})
+    records, references = _case_records(run_dir, df)
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=references,
                          coverage=tables["coverage"], tree_shapes=tables["tree_shapes"],
                          diagnosis=diagnose(judged, verdict.rate_findings), floor=floor, judged=judged,
-                         warnings=_warnings(run, df) + floor.warnings(calibrated=calibrated))
+                         warnings=_warnings(run, df) + floor.warnings(calibrated=calibrated), cache_lost=run.cache_lost)
     results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots", results.coverage,
                                 thresholds.drift_tolerance)
     write_html(run_dir / "report.html", results)

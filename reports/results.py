@@ -6,6 +6,7 @@ and junit.xml each read it and nothing else, so they cannot disagree.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ class RunResults:
     configs: pd.DataFrame
     verdict: Verdict
     config: dict  # the run's config.json
-    records: dict[str, dict]  # candidate key -> its scalar fields; the worst cases' whole records (reports/render.py)
+    records: dict[str, dict]  # candidate key -> its whole record, of the worst cases (reports/render.py)
     references: dict[str, dict]  # input_hash -> reference record, of the worst cases
     coverage: pd.DataFrame
     tree_shapes: pd.DataFrame  # interval x tree shape (reports/tree_shapes.py)
@@ -33,6 +34,7 @@ class RunResults:
     plots: dict[str, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     judged: pd.DataFrame | None = None  # the frame as the verdict judged it (path numerics apart), for its counts
+    cache_lost: Counter = field(default_factory=Counter)  # candidate turns per `cache_lost` cause (incidents.py)
 
     @property
     def run_id(self) -> str:

@@ -98,6 +98,6 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
         lines += ["## First failing requests", ""]
         lines += [f"- {code_span(str(r['key']))}: {md_inline(case_text(r))}" for r in bad.to_dict("records")]
         lines.append("")
-    lines += incidents_markdown(config, results.records)
+    lines += incidents_markdown(config, results.cache_lost)
     lines.append(f"Full report: `{report_path}`")
     return "\n".join(lines) + "\n"

@@ -18,7 +18,7 @@ from records.schema import CACHE_COUNTERS, POINTS_FILE, point_label
 from reports.analyze import REQUEST_COLUMNS, crossings_json
 from reports.coverage import cells, cells_reached, coverage_table
 from reports.escape import csv_cell
-from reports.latency import LATENCY_COLUMNS, empty_latency, latency_by_point, parse_slo
+from reports.latency import LATENCY_COLUMNS, empty_latency, latency_of_points, parse_slo, request_latency
 from reports.oracle import CLASSES, FLAGGED
 from reports.tree_shapes import SHAPE_COLUMNS, request_shapes, shapes_table
 from reports.window import WINDOW_COLUMNS
@@ -146,14 +146,18 @@ def _point_sort(label: str) -> tuple:
 
 
 def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates: list[dict] | None = None,
-                  points: list[dict] | None = None, slo: dict[str, float] | None = None) -> pd.DataFrame:
+                  points: list[dict] | None = None, slo: dict[str, float] | None = None,
+                  latency: pd.DataFrame | None = None) -> pd.DataFrame:
     """pool/interval x sweep point: class counts, drift, cache counters (from `stats` records), cells reached,
-    output tok/s over the point's wall span, latency (reports/latency.py: from `candidates`, else from `df`'s
-    timings) with `slo` attainment, and what the point's record (`points`) says of its warmup and early stop."""
+    output tok/s over the point's wall span, latency (reports/latency.py: from `latency`, the candidates'
+    request_latency rows, else from `candidates`, else from `df`'s timings) with `slo` attainment, and what the
+    point's record (`points`) says of its warmup and early stop."""
     if df.empty:
         return pd.DataFrame(columns=CONFIG_COLUMNS)
     figures = cache_figures(stats)
-    latency = latency_by_point(candidates if candidates is not None else df.to_dict("records"), slo)
+    if latency is None:
+        latency = request_latency(candidates if candidates is not None else df.to_dict("records"))
+    latency = latency_of_points(latency, slo)
     done = {(p.get("pool"), p.get("point")): p for p in points or []}
     blocks = df.dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
     df = df.assign(point=[_label(r) for r in df[["key", "pool", "concurrency"]].to_dict("records")])
@@ -197,17 +201,18 @@ def requests_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None = None,
-                 candidates: list[dict] | None = None, shapes: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+                 candidates: list[dict] | None = None, shapes: pd.DataFrame | None = None,
+                 latency: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """Write requests.csv, boundaries.csv, configs.csv, coverage.csv and tree_shapes.csv (from `shapes`, the
     per-request tree shapes, else from the candidate records' ids: reports/tree_shapes.py; empty without them)
     into `run_dir`; return the frames. configs.csv takes the run's point records and its config.json's --slo
-    from `run_dir`."""
+    from `run_dir`; `latency`: the candidates' request_latency rows (else from `candidates`, else from `df`)."""
     run_dir = Path(run_dir)
     if shapes is None and candidates:
         shapes = request_shapes(candidates)
     shapes = shapes_table(shapes, df) if shapes is not None else pd.DataFrame(columns=SHAPE_COLUMNS)
     slo = parse_slo((load_config(run_dir).get("run_config") or {}).get("slo"))
-    configs = configs_table(df, stats, candidates, point_records(run_dir), slo)
+    configs = configs_table(df, stats, candidates, point_records(run_dir), slo, latency)
     tables = {"requests": requests_table(df), "boundaries": boundaries_table(df),
               "configs": configs, "coverage": coverage_table(df), "tree_shapes": shapes}
     for name, table in tables.items():

@@ -130,18 +130,41 @@ def record_ids(recs: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
+def point_of(rec: dict) -> tuple | None:
+    """The (pool, sweep point, replica) whose requests a candidate record is walked with; None: not walked
+    (not a candidate, or never sent)."""
+    if rec.get("role", "candidate") != "candidate" or rec.get("t_start") is None:
+        return None
+    return rec.get("pool"), sweep_point_of(rec.get("key"), rec.get("concurrency")), rec.get("replica_id")
+
+
+def slim(rec: dict) -> dict:
+    """What _point_shapes reads of a record (a stand-in for it when records are spilled: reports/analyze_run.py)."""
+    out = {name: rec.get(name) for name in ("key", "interval", "concurrency", "session_id", "turn", "cached_tokens",
+                                           "t_start", "e2e", "error")}
+    engine, case = rec.get("engine") or {}, rec.get("case") or {}
+    out["engine"] = {"radix_cache": engine["radix_cache"]} if "radix_cache" in engine else {}
+    out["case"] = {"tree_shapes": case["tree_shapes"]} if "tree_shapes" in case else {}
+    return out
+
+
 def request_shapes(candidates: list[dict], ids_of: Loader = record_ids) -> pd.DataFrame:
     """One row per answered candidate: key, interval, concurrency, shape (None: restored nothing), sibling,
     the depth it branches off at, and the shapes its case was designed to reach. `ids_of` gives the token ids
     of one sweep point's records on one replica at a time (default: the records' own `input_ids` and
-    `output_ids`; reports/analyze_run.py reads them back from where it spilled them)."""
+    `output_ids`)."""
     points: dict[tuple, list[dict]] = defaultdict(list)
     for rec in candidates:
-        if rec.get("role", "candidate") == "candidate" and rec.get("t_start") is not None:
-            points[(rec.get("pool"), sweep_point_of(rec.get("key"), rec.get("concurrency")),
-                    rec.get("replica_id"))].append(rec)
+        point = point_of(rec)
+        if point is not None:
+            points[point].append(rec)
+    return shapes_of_points(points.values(), ids_of)
+
+
+def shapes_of_points(points, ids_of: Loader = record_ids) -> pd.DataFrame:
+    """request_shapes of records already grouped by point_of (an iterable of lists, in first-record order)."""
     rows = []
-    for recs in points.values():
+    for recs in points:
         rows += _point_shapes(recs, ids_of)
     return pd.DataFrame(rows, columns=["key", "interval", "concurrency", "shape", "sibling", "branch", "designed"])
 

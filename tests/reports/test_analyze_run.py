@@ -15,6 +15,7 @@ from records.jsonl import load_run
 from reports.analyze import analyze
 from reports.analyze_run import analyze_run
 from reports.facts import TokenFacts
+from reports.latency import request_latency
 from reports.tree_shapes import request_shapes
 from tests.reports.factory import candidate, pair, prompt, reference, synthetic_run, write_run
 
@@ -29,7 +30,9 @@ def same(run_dir, **kw):
     pd.testing.assert_frame_equal(got.df, want)
     assert (got.truncated, got.corrupt, got.duplicates) == (run.truncated, run.corrupt, run.duplicates)
     assert got.stats == run.stats
-    assert [c["key"] for c in got.candidates] == [c["key"] for c in run.candidates]
+    assert list(got.df["key"]) == [c["key"] for c in run.candidates]
+    assert got.run_id == run.candidates[0].get("run_id")
+    pd.testing.assert_frame_equal(got.latency, request_latency(run.candidates))
     want_facts = TokenFacts.of({c["key"]: c for c in run.candidates}, run.references, lambda pool: pool != "i256")
     # journals hold log-probs as JSON floats, the streamed path reads them as stored columns (float32)
     assert got.facts.first_drift == pytest.approx(want_facts.first_drift, rel=1e-5, abs=1e-7)

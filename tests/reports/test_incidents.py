@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.incidents import code_span, incident_lines, incidents_html, incidents_markdown
+from reports.incidents import cache_lost_counts, code_span, incident_lines, incidents_html, incidents_markdown
 
 CRASH = "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: <boom> ``` `x`"
 INCIDENTS = [
@@ -15,6 +15,7 @@ INCIDENTS = [
 ]
 RECORDS = {"a": {"cache_lost": "replica restart"}, "b": {"cache_lost": None}, "c": {"cache_lost": "resume"},
            "d": {"cache_lost": "resume"}}
+LOST = cache_lost_counts(RECORDS.values())
 
 
 @pytest.mark.parametrize("text,want", [
@@ -35,15 +36,15 @@ def test_incident_lines_name_replica_outcome_and_log():
 
 
 def test_html_section_escapes_the_crash_and_counts_lost_caches():
-    page = incidents_html({"incidents": INCIDENTS}, RECORDS)
+    page = incidents_html({"incidents": INCIDENTS}, LOST)
     assert "<h2>Replica incidents (2)</h2>" in page and "RuntimeError: &lt;boom&gt;" in page and "<boom>" not in page
     assert "1 after a replica restart, 2 after a resume" in page
-    assert incidents_html({}, {"x": {"cache_lost": None}}) == ""
+    assert incidents_html({}, cache_lost_counts([{"cache_lost": None}])) == ""
 
 
 def test_markdown_section_fences_the_crash_beyond_its_backticks():
-    lines = incidents_markdown({"incidents": INCIDENTS}, RECORDS)
+    lines = incidents_markdown({"incidents": INCIDENTS}, LOST)
     text = "\n".join(lines)
     assert "## Replica incidents (2)" in text and "  ````" in lines  # the excerpt holds ```: a 4-backtick fence
     assert "turns without their previous turn's cache: 1 (replica restart), 2 (resume)" in text
-    assert incidents_markdown({}, {}) == []
+    assert incidents_markdown({}, cache_lost_counts([])) == []
