@@ -2,8 +2,9 @@
 
 The head process keeps everything a sweep point does once: it flushes the pool's caches, sends the warmup,
 reads the cache counters, writes the point's record and serves the references an earlier process owed. What
-grows with the load, the sessions, is split across driver actors (harness/driver_actor.py), placed on the
-cluster's nodes (Ray's SPREAD strategy; no CPU reserved: a driver mostly waits on the network):
+grows with the load, the sessions, is split across driver actors (harness/driver_actor.py), placed round robin
+on the cluster's alive nodes, the head's own last (`spread_nodes`; no CPU reserved: a driver mostly waits on
+the network):
 
 * a session runs whole on one actor, on the replica it would use with one driver (its index picks it);
 * sweep points run in lock step: every actor finishes point p before any starts p + 1;
@@ -81,6 +82,16 @@ def resolve_drivers(cfg, sessions: dict[str, list]) -> int:
     return n
 
 
+def spread_nodes() -> list[str]:
+    """The alive nodes of the cluster, in the order driver actors are placed on them (actor k on node k mod
+    n): every other node before this one, which the head itself runs on."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    alive = sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    return [n for n in alive if n != here] + [n for n in alive if n == here]
+
+
 def split_concurrency(c: int, n: int) -> list[int]:
     """C requests in flight over n actors: shares that add up to C, the first C mod n one larger."""
     return [c // n + (k < c % n) for k in range(n)]
@@ -110,16 +121,19 @@ class ActorSessions:
         """Start the registry and the N actors (`spec`: ActorSpec's fields but the name) and wait until each has
         opened its journals."""
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         self.registry = ray.remote(ReferenceRegistry).options(num_cpus=0).remote(spec["answered"])
         cls = ray.remote(DriverActor)
         spec = {**spec, "candidates": [_portable(p) for p in spec["candidates"]],
                 "reference": _portable(spec["reference"])}
+        nodes = spread_nodes()
         for k in range(self.n):
             name = f"d{k}"
             self.names.append(name)
+            where = NodeAffinitySchedulingStrategy(nodes[k % len(nodes)], soft=False) if nodes else "SPREAD"
             self.actors.append(cls.options(name=f"specgate-driver-{self.run_id}-{name}", num_cpus=0,
-                                           scheduling_strategy="SPREAD", max_restarts=0)
+                                           scheduling_strategy=where, max_restarts=0)
                                .remote(ActorSpec(name=name, **spec), self.registry))
         nodes = await self._all([a.start.remote() for a in self.actors])
         self.progress.write(f"driver actors: {self.n} on {len(set(nodes))} node(s)")
