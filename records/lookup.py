@@ -25,6 +25,7 @@ from records.columns import REQUEST_SCHEMA, to_batch
 from records.reader import BATCH_ROWS, RunReader, _chunks
 
 Where = tuple[int, int, int]  # (source, row group, row)
+OPEN_FILES = 64  # parquet sources kept open at once
 
 
 class RowStore:
@@ -38,7 +39,7 @@ class RowStore:
         self._cache: OrderedDict[tuple, pa.Table] = OrderedDict()
         self._cached = 0
         self._spill: tempfile.TemporaryDirectory | None = None
-        self._files: dict[int, pq.ParquetFile] = {}  # open sources (a part's footer is parsed once)
+        self._files: OrderedDict[int, pq.ParquetFile] = OrderedDict()  # open sources, the OPEN_FILES last used
 
     def _source(self, path: Path) -> int:
         if path not in self._ids:
@@ -100,6 +101,10 @@ class RowStore:
         pf = self._files.get(s)
         if pf is None:
             pf = self._files[s] = pq.ParquetFile(self.sources[s])
+            if len(self._files) > OPEN_FILES:  # a soak run has thousands of parts: neither their footers nor
+                self._files.popitem(last=False)[1].close()  # file handles may grow with it
+        else:
+            self._files.move_to_end(s)
         table = pf.read_row_group(g, columns=list(columns))
         self._cache[key] = table
         self._cached += table.nbytes

@@ -46,6 +46,7 @@ from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
 from reports.tree_shapes import point_of, shapes_of_points, slim
 from reports.window import WINDOW_LISTS
 
+CHUNK_ROWS = 8192  # frame rows typed at once: a chunk of a few rows costs more than its rows (61 columns)
 LINKS = ["role", "pool", "concurrency", "session_id", "turn", "cached_tokens", "input_hash", "_extra", "_absent"]
 SCALARS = ["key", "run_id", "role", "pool", "engine", "interval", "concurrency", "replica_id", "node_id", "suite",
            "case", "case_id", "session_id", "turn", "input_hash", "input_len", "cached_tokens", "completion_tokens",
@@ -257,9 +258,10 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                 k += tb.num_rows
                 batch_rows(tb, ks, recs, index, store, prompts, per_pool, (threshold, tolerance), cols, digests,
                            has_input, facts, spill, ladder_pools)
-                links.add(cols)
-                chunks.append(chunk_frame(cols))
-                cols = {c: [] for c in REQUEST_COLUMNS}
+                if len(cols["key"]) >= CHUNK_ROWS:
+                    links.add(cols)
+                    chunks.append(chunk_frame(cols))
+                    cols = {c: [] for c in REQUEST_COLUMNS}
                 latency.append(request_latency(recs))
                 for row, rec in zip(ks, recs, strict=True):
                     if rec.get("cache_lost"):
@@ -269,6 +271,9 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                         groups.setdefault(point, array("q")).append(row)
                 if run_id is None and recs:
                     run_id = recs[0].get("run_id")
+        if cols["key"]:
+            links.add(cols)
+            chunks.append(chunk_frame(cols))
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
 
