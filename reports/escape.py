@@ -18,7 +18,7 @@ _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u2028\u2029]")
 # lists) only acts at the start of a line, and md_inline never starts one
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&#])")
 _MD_LINE_START = re.compile(r"^(\s*)([-+=]|\d+[.)])")  # a list item or setext underline if it began a line
-_CSV_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+CSV_FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
 def visible_control(ch: str) -> str:
@@ -55,6 +55,6 @@ def md_block_line(text: object) -> str:
 
 def csv_cell(value: object) -> object:
     """A string cell that a spreadsheet would run as a formula gets a leading quote; other values unchanged."""
-    if isinstance(value, str) and value.startswith(_CSV_FORMULA):
+    if isinstance(value, str) and value.startswith(CSV_FORMULA):
         return "'" + value
     return value

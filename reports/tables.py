@@ -17,7 +17,7 @@ from records.rundir import load_config
 from records.schema import CACHE_COUNTERS, POINTS_FILE, point_label
 from reports.analyze import REQUEST_COLUMNS, crossings_json
 from reports.coverage import cells, cells_reached, coverage_table
-from reports.escape import csv_cell
+from reports.escape import CSV_FORMULA, csv_cell
 from reports.latency import LATENCY_COLUMNS, empty_latency, latency_of_points, parse_slo, request_latency
 from reports.oracle import CLASSES, FLAGGED
 from reports.tree_shapes import SHAPE_COLUMNS, request_shapes, shapes_table
@@ -230,5 +230,13 @@ def point_records(run_dir: Path) -> list[dict]:
 def csv_safe(table: pd.DataFrame) -> pd.DataFrame:
     """The table with text cells that a spreadsheet would run as formulas quoted (reports/escape.py); pandas
     quotes separators, quotes and line breaks itself."""
-    text = [c for c in table.columns if table[c].dtype == object or pd.api.types.is_string_dtype(table[c])]
-    return table.assign(**{c: table[c].map(csv_cell) for c in text}) if text else table
+    out = {}
+    for c in table.columns:
+        col = table[c]
+        if col.dtype == object:
+            out[c] = col.map(csv_cell)
+        elif pd.api.types.is_string_dtype(col):  # text columns: only the cells that need it, without a Python
+            hit = col.str.startswith(CSV_FORMULA).fillna(False).astype(bool)  # string per cell
+            if hit.any():
+                out[c] = col.where(~hit, "'" + col)
+    return table.assign(**out) if out else table
