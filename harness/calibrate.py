@@ -244,8 +244,8 @@ def limits_of(cal: Calibration) -> tuple:
     return cal.margin_threshold, cal.drift_tolerance, Envelope(cal.envelope) if cal.envelope is not None else None
 
 
-def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, baseline_run: str | None = None
-                    ) -> tuple[GateThresholds, dict[str, tuple]]:
+def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, baseline_run: str | None = None,
+                    cluster: str | None = None) -> tuple[GateThresholds, dict[str, tuple]]:
     """Calibrate from the run's controls (or `baseline_run`'s records); record it in config.json; the thresholds
     to gate with and the per-pool (margin threshold, drift tolerance, envelope) for reports.analyze.
 
@@ -253,11 +253,11 @@ def calibrated_gate(run_dir: Path, gate: GateThresholds, tolerance_given: bool, 
     (reports/analyze_run.py: bounded memory at any run size), the run's, then the trusted run's."""
     config = load_config(run_dir)
     limits = dict(threshold=gate.margin_threshold, tolerance=gate.drift_tolerance)
-    run = analyze_run(run_dir, **limits, ladder_pools=None if baseline_run else is_control)
+    run = analyze_run(run_dir, **limits, ladder_pools=None if baseline_run else is_control, cluster=cluster)
     df = run.df
     source = ""
     if baseline_run:  # any of its pools may be a control: its pool of a gated pool's name, else its path controls
-        source_run = analyze_run(Path(baseline_run), **limits, ladder_pools=lambda pool: True)
+        source_run = analyze_run(Path(baseline_run), **limits, ladder_pools=lambda pool: True, cluster=cluster)
         source_df = source_run.df
         source = f"from the trusted run {baseline_run}: "
     else:

@@ -121,7 +121,7 @@ GROUPS = {
     "cluster": ("address", "replicas", "reference_replicas", "tp_size", "device", "gpus_per_rank", "num_cpus",
                 "placement", "startup_timeout",
                 "recover_timeout", "max_replica_restarts", "max_retries", "reference_concurrency", "reference_nice",
-                "drivers", "sequential_pools"),
+                "drivers", "sequential_pools", "analyze_on_cluster"),
     "gate": ("deterministic", "calibrate", "baseline_run", "min_coverage", "margin_threshold", "max_soft_rate",
              "max_hard", "max_errors", "max_drift", "drift_tolerance"),
     "output": ("runs_dir", "run_id", "resume", "trust_run_config", "dry_run", "no_progress"),

@@ -161,8 +161,8 @@ class RunConfig:
                                   "candidates they yield the CPU to them and catch up when the candidates idle; "
                                   "0: no change")
     drivers: int | None = setting(None, "int", "Ray actors that send the sessions (docs/harness.md); default: auto")
-    sequential_pools: bool = setting(False, "bool", "run the interval pools one after another (default: "
-                                     "together)")
+    sequential_pools: bool = setting(False, "bool", "run the interval pools one after another (default: together)")
+    analyze_on_cluster: bool = setting(False, "bool", "analyze with Ray tasks on the run's cluster (docs/reports.md)")
     no_restore_window: bool = setting(False, "bool", "send no restore-window probe: by default each turn that "
                                       "restored a checkpoint is sent again to its replica and to the reference "
                                       "scoring its prompt tokens past the checkpoint, where a wrong restored "

@@ -126,13 +126,14 @@ def render(run_dir: Path, cfg: RunConfig) -> int:
         from harness.calibrate import calibrated_gate, calibrating
 
         gate, per_pool = replace(cfg.gate, min_coverage=cfg.min_coverage), None
+        cluster = (cfg.address or "local") if cfg.analyze_on_cluster else None  # the Ray cluster to analyze on
         if calibrating(cfg):
-            gate, per_pool = calibrated_gate(run_dir, gate, cfg.drift_tolerance is not None, cfg.baseline_run)
+            gate, per_pool = calibrated_gate(run_dir, gate, cfg.drift_tolerance is not None, cfg.baseline_run, cluster)
             print(f"calibration: {load_config(run_dir)['calibration']['text']}")
         else:  # --min-coverage is the run's; `python -m reports.render` re-reads it from here
             config = load_config(run_dir)
             write_json(run_dir / "config.json", {**config, "gate": {**(config.get("gate") or {}), **asdict(gate)}})
-        verdict = render_run(run_dir, gate, per_pool)
+        verdict = render_run(run_dir, gate, per_pool, cluster=cluster)
     except Exception:  # noqa: BLE001 - a report failure must not read as a gate verdict
         traceback.print_exc()
         print(f"specgate: error: rendering the report failed; rebuild it with python -m reports.render {run_dir}",

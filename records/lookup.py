@@ -41,6 +41,13 @@ class RowStore:
         self._spill: tempfile.TemporaryDirectory | None = None
         self._files: OrderedDict[int, pq.ParquetFile] = OrderedDict()  # open sources, the OPEN_FILES last used
 
+    def adopt(self, sources: list[Path]) -> None:
+        """Number `sources` as another RowStore numbered them (this one has none yet), so that its row places
+        (`Where`) address the same rows here."""
+        assert not self.sources, "adopt before any scan"
+        for path in sources:
+            self._source(path)
+
     def _source(self, path: Path) -> int:
         if path not in self._ids:
             self._ids[path] = len(self.sources)

@@ -5,10 +5,11 @@ holding any record's token lists beyond one batch:
 
 1. an index pass reads the candidates' scalar columns (records/reader.py batches), where each reference is
    (records/lookup.py), and which prefixes the restore links will compare;
-2. a token pass reads the candidates' token columns a row group at a time, takes their references' rows (a
-   byte-bounded cache of row groups), classifies the batch with reports/oracle_vec.py, computes verify
-   crossings from `spec_trace` in numpy, and digests the prefixes the links compare;
-3. the links (analyze.link_restored_checkpoints) compare digests instead of id lists;
+2. a token pass per stem (reports/analyze_pass.py: here, or as Ray tasks on the cluster) reads the candidates'
+   token columns a row group at a time, takes their references' rows (a byte-bounded cache of row groups),
+   classifies the batch with reports/oracle_vec.py, computes verify crossings from `spec_trace` in numpy, and
+   digests the prefixes the links compare; the passes merge in stem order;
+3. the links (reports/links.py LinkIndex, link_restored_checkpoints' rules) compare digests instead of id lists;
 4. the tree shapes (reports/tree_shapes.py) walk each sweep point's ids, spilled to a temporary file in the token
    pass and read back one point at a time.
 
@@ -21,9 +22,6 @@ most `budget` bytes of row groups, one batch's records and one sweep point's spi
 from __future__ import annotations
 
 import json
-import pickle
-import tempfile
-from array import array
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,22 +29,20 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from records import layout as L
 from records.columns import FIELDS
 from records.lookup import RowStore
 from records.reader import RunReader
-from reports.analyze import REQUEST_COLUMNS, chunk_frame, frames_joined
-from reports.analyze_batch import ORACLE_FIELDS, TOKENS, batch_rows
+from reports.analyze import frames_joined
+from reports.analyze_batch import ORACLE_FIELDS
+from reports.analyze_pass import Pass, Spill, View, cluster_passes, connect_for_analysis, token_pass
 from reports.facts import TokenFacts
 from reports.latency import request_latency
-from reports.links import LinkIndex
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
-from reports.tree_shapes import point_of, shapes_of_points, slim
+from reports.tree_shapes import shapes_of_points
 from reports.window import WINDOW_LISTS
 
-CHUNK_ROWS = 8192  # frame rows typed at once: a chunk of a few rows costs more than its rows (61 columns)
 LINKS = ["role", "pool", "concurrency", "session_id", "turn", "cached_tokens", "input_hash", "_extra", "_absent"]
 SCALARS = ["key", "run_id", "role", "pool", "engine", "interval", "concurrency", "replica_id", "node_id", "suite",
            "case", "case_id", "session_id", "turn", "input_hash", "input_len", "cached_tokens", "completion_tokens",
@@ -118,84 +114,45 @@ def _field(data: dict[str, list], i: int, name: str):
     return None if name in (data["_absent"][i] or ()) else data[name][i]
 
 
-class _Spill:
-    """Each candidate row's input ids, input + output ids and what the tree shapes read of its record
-    (reports/tree_shapes.py slim), written to a temporary file in the token pass and read back one sweep point at
-    a time (rows are added in order, 0, 1, 2, ...)."""
-
-    _I32 = np.iinfo(np.int32)
+class _Seen:
+    """The keys the index pass met, each with the stem it first met it in; `earlier[stem]`: the keys a stem held
+    that an earlier stem had (RunReader drops them there as duplicates)."""
 
     def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile(prefix="specgate-ids-")
-        self.offset, self.n_in, self.n, self.wide, self.meta = array("q"), array("q"), array("q"), array("b"), \
-            array("q")
-        self.size = 0
+        self.first: dict = {}
+        self.stem = ""
+        self.earlier: dict[str, set] = {}
 
-    def add(self, k: int, ids, out_ids, rec: dict) -> None:
-        assert k == len(self.offset), (k, len(self.offset))
-        seq = np.concatenate([np.asarray(ids if ids is not None else [], np.int64),
-                              np.asarray(out_ids if out_ids is not None else [], np.int64)])
-        n_in = 0 if ids is None else len(ids)
-        wide = not (not len(seq) or (seq.min() >= self._I32.min and seq.max() <= self._I32.max))
-        data = (seq if wide else seq.astype(np.int32)).tobytes()
-        meta = pickle.dumps(slim(rec), protocol=pickle.HIGHEST_PROTOCOL)
-        self.file.seek(self.size)
-        self.file.write(data)
-        self.file.write(meta)
-        self.offset.append(self.size)
-        self.n_in.append(n_in)
-        self.n.append(len(seq))
-        self.wide.append(wide)
-        self.meta.append(len(meta))
-        self.size += len(data) + len(meta)
+    def __contains__(self, key) -> bool:
+        where = self.first.get(key)
+        if where is not None and where != self.stem:
+            self.earlier.setdefault(self.stem, set()).add(key)
+        return where is not None
 
-    def _read(self, k: int) -> tuple[np.ndarray, int, bytes]:
-        dtype = np.dtype(np.int64 if self.wide[k] else np.int32)
-        self.file.seek(self.offset[k])
-        data = self.file.read(self.n[k] * dtype.itemsize + self.meta[k])
-        cut = self.n[k] * dtype.itemsize
-        return np.frombuffer(data[:cut], dtype=dtype), self.n_in[k], data[cut:]
-
-    def records(self, rows) -> list[dict]:
-        """The rows' slim records, each with its row under `_row`."""
-        out = []
-        for k in rows:
-            rec = pickle.loads(self._read(k)[2])
-            rec["_row"] = k
-            out.append(rec)
-        return out
-
-    def load(self, recs: list[dict]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per record (of `records`): (input ids, input + output ids), views of one array read back."""
-        out = []
-        for rec in recs:
-            seq, n_in, _ = self._read(rec["_row"])
-            out.append((seq[:n_in], seq))
-        return out
-
-    def close(self) -> None:
-        self.file.close()
+    def add(self, key) -> None:
+        self.first[key] = self.stem
 
 
 class _Index:
-    """The index pass: how many candidates, references' places, the prefixes the links need."""
+    """The index pass: candidates per stem, references' places, the prefixes the links need."""
 
     def __init__(self, reader: RunReader, store: RowStore) -> None:
         self.n = 0
         self.refs: dict[str, tuple] = {}
-        self.seen: set = set()
+        self.seen = _Seen()
         self.stems = [s for s in reader.stems() if L.is_request_stem(s)]
-        self.has_candidates = dict.fromkeys(self.stems, False)
+        self.counts = dict.fromkeys(self.stems, 0)  # candidates per stem
         first: dict[tuple, int] = {}
         links: list[tuple[int, tuple, int, int]] = []  # (row, session, turn, cached) of the restored turns
         for stem in self.stems:
+            self.seen.stem = stem
             for batch, s, g, rows in store.scan(stem, LINKS, self.seen, spill_role="reference"):
                 data = batch.to_pydict()
-                self.has_candidates[stem] |= "candidate" in data["role"]
                 for i, role in enumerate(data["role"]):
                     if role == "candidate":
                         k = self.n
                         self.n += 1
+                        self.counts[stem] += 1
                         session = tuple(_field(data, i, f) for f in ("pool", "concurrency", "session_id"))
                         turn, cached = _field(data, i, "turn"), int(_field(data, i, "cached_tokens") or 0)
                         first.setdefault((*session, turn), k)
@@ -203,6 +160,7 @@ class _Index:
                             links.append((k, session, turn, cached))
                     elif role == "reference":
                         self.refs.setdefault(str(_field(data, i, "input_hash")), (s, g, int(rows[i])))
+        self.seen.stem = ""
         self.in_len: dict[int, int] = {}  # row -> length of its input prefix to digest
         self.seq_lens: dict[int, set[int]] = {}  # row -> lengths of its input + output prefixes to digest
         for k, session, turn, cached in links:
@@ -215,82 +173,53 @@ class _Index:
 
 def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolerance: float = DRIFT_TOLERANCE,
                 per_pool: Mapping[str, tuple] | None = None, budget: int = 64 << 20,
-                ladder_pools: Callable[[str], bool] | None = None) -> AnalyzedRun:
+                ladder_pools: Callable[[str], bool] | None = None, cluster: str | None = None) -> AnalyzedRun:
     """The requests frame of `run_dir` (equal to reports.analyze.analyze over load_run's records), streamed;
     `per_pool` as in analyze; `budget`: bytes of reference and prompt row groups kept for reuse; `ladder_pools`:
-    the pools whose candidates' ladder sums the facts hold (TokenFacts.of's)."""
+    the pools whose candidates' ladder sums the facts hold (TokenFacts.of's); `cluster`: the token pass as Ray
+    tasks on this Ray cluster (an address, auto, or local; a connected one is used as it is), a task per stem
+    (reports/analyze_pass.py), the same outputs."""
     per_pool = per_pool or {}
+    run_dir = Path(run_dir)
     reader = RunReader(run_dir)
+    if cluster is not None and reader.layout.journals:
+        raise ValueError(f"{run_dir}: the analysis on the cluster reads compacted records only; compact them first "
+                         f"(python -m records.compact {run_dir})")
     store = RowStore(reader, budget)
-    spill = _Spill()
+    spill = Spill()
     try:
         index = _Index(reader, store)
-        prompts = store.prompt_index()
-        cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
-        digests: dict[tuple[int, int], bytes] = {}  # (row, length) -> digest of input[:length] (length < 0)
-        has_input: dict[int, bool] = {}
-        facts = TokenFacts()
-        chunks: list[pd.DataFrame] = []  # the frame's rows, a batch at a time, typed (reports/analyze.py)
-        links = LinkIndex()  # what the restore links read of each row (reports/links.py)
-        latency: list[pd.DataFrame] = []
-        lost: Counter = Counter()
-        groups: dict[tuple, array] = {}  # reports/tree_shapes.py point_of -> its rows, in frame order
-        run_id = None
-        k = 0
-        seen: set = set()
-        quiet = RunReader(run_dir)  # the token pass reads again: its warnings are the index pass's
-        tstore = RowStore(quiet, 0)
-        read = list(dict.fromkeys([*TOKENS, *SCALARS]))
-        for stem in index.stems:
-            if not index.has_candidates[stem]:  # its keys only, so that `seen` drops what the index pass dropped
-                for _ in quiet.batches(stem, ["key"], seen):
-                    pass
-                continue
-            for batch, _, _, _ in tstore.scan(stem, read, seen):
-                roles = batch.column("role").to_pylist()
-                mine = np.array([r == "candidate" for r in roles], dtype=bool)
-                if not mine.any():
-                    continue
-                tb = batch.filter(pa.array(mine))
-                data = {c: tb.column(c).to_pylist() for c in SCALARS}
-                recs = [_scalars(data, i) for i in range(tb.num_rows)]
-                ks = list(range(k, k + tb.num_rows))
-                k += tb.num_rows
-                batch_rows(tb, ks, recs, index, store, prompts, per_pool, (threshold, tolerance), cols, digests,
-                           has_input, facts, spill, ladder_pools)
-                if len(cols["key"]) >= CHUNK_ROWS:
-                    links.add(cols)
-                    chunks.append(chunk_frame(cols))
-                    cols = {c: [] for c in REQUEST_COLUMNS}
-                latency.append(request_latency(recs))
-                for row, rec in zip(ks, recs, strict=True):
-                    if rec.get("cache_lost"):
-                        lost[rec["cache_lost"]] += 1
-                    point = point_of(rec)
-                    if point is not None:
-                        groups.setdefault(point, array("q")).append(row)
-                if run_id is None and recs:
-                    run_id = recs[0].get("run_id")
-        if cols["key"]:
-            links.add(cols)
-            chunks.append(chunk_frame(cols))
+        prompts = store.prompt_index()  # numbers the prompt files: before the sources are handed on
+        view = View(list(store.sources), index.refs, prompts, index.in_len, index.seq_lens, index.seen.earlier)
+        stems = [s for s in index.stems if index.counts[s]]
+        starts = list(np.cumsum([0] + [index.counts[s] for s in stems[:-1]])) if stems else []
+        args = (_scalars, SCALARS, per_pool, (threshold, tolerance), ladder_pools, budget)
+        total = Pass(0, spill)
+        if cluster is not None:
+            connect_for_analysis(cluster)
+            for part in cluster_passes(run_dir, stems, [int(s) for s in starts], view, *args):
+                total.merge(part)
+        else:
+            for stem, start in zip(stems, starts, strict=True):
+                total.merge(token_pass(run_dir, [stem], int(start), view, *args, spill=spill))
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
+        digests, has_input = total.digests, total.has_input
 
         def on_path(i: int, j: int, length: int) -> bool:
             if not has_input.get(i, True) or not has_input.get(j, True):
                 return True
             return digests[(i, -length)] == digests[(j, length)]
 
-        crossings = [c for chunk in chunks for c in chunk["crossings"]]
-        df = frames_joined(chunks, links.links(crossings.__getitem__, on_path))
+        crossings = [c for chunk in total.chunks for c in chunk["crossings"]]
+        df = frames_joined(total.chunks, total.links.links(crossings.__getitem__, on_path))
         del crossings
         digests.clear()
-        shapes = shapes_of_points((spill.records(rows) for rows in groups.values()), spill.load)
-        return AnalyzedRun(df, latency=pd.concat(latency, ignore_index=True) if latency else request_latency([]),
-                           run_id=run_id, cache_lost=lost, stats=stats, truncated=reader.truncated,
-                           corrupt=reader.corrupt, duplicates=reader.duplicates, references=len(index.refs),
-                           facts=facts, shapes=shapes)
+        shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
+        latency = pd.concat(total.latency, ignore_index=True) if total.latency else request_latency([])
+        return AnalyzedRun(df, latency=latency, run_id=total.run_id, cache_lost=total.lost, stats=stats,
+                           truncated=reader.truncated, corrupt=reader.corrupt, duplicates=reader.duplicates,
+                           references=len(index.refs), facts=total.facts, shapes=shapes)
     finally:
         store.close()
         spill.close()

@@ -105,6 +105,15 @@ class LinkIndex:
         self.no_prev += bytes(int(c == "error" or iv is None) for c, iv in zip(cols["class"], cols["interval"],
                                                                                 strict=True))
 
+    def extend(self, other: LinkIndex) -> None:
+        """Append the rows of another index (rows that follow this one's)."""
+        names = {v: k for k, v in other._sessions.items()}
+        self.session.extend(self._sessions.setdefault(names[s], len(self._sessions)) for s in other.session)
+        self.turn += other.turn
+        self.cached += other.cached
+        self.input_len += other.input_len
+        self.no_prev += other.no_prev
+
     def links(self, crossings: Callable[[int], list[dict]], on_path: OnPath) -> dict[str, list]:
         """The link columns of every row (link_restored_checkpoints' rules); `crossings(j)`: row j's crossings."""
         self._sessions.clear()

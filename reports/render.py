@@ -1,7 +1,7 @@
 """Rebuild every table, plot and page of a run directory from its records alone.
 
     python -m reports.render RUN_DIR [--margin-threshold X] [--max-soft-rate Y] [--max-hard N] [--max-errors N]
-                                     [--drift-tolerance T] [--max-drift N]
+                                     [--drift-tolerance T] [--max-drift N] [--cluster ADDRESS]
 
 Prints the verdict's headline and the report's path; exits 0 (pass), 1 (gate
 failed), 2 (no records to judge: the harness failed) or 3 (inconclusive: the run did
@@ -176,13 +176,14 @@ def _case_records(run_dir: Path, df: pd.DataFrame) -> tuple[dict, dict]:
 
 
 def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
-               per_pool: dict[str, tuple] | None = None) -> Verdict:
+               per_pool: dict[str, tuple] | None = None, cluster: str | None = None) -> Verdict:
     """Write requests/boundaries/configs.csv, plots/*.png, report.html, summary.md and junit.xml; return the verdict.
 
     Thresholds default to config.json's (top-level keys, then its `gate` object), then to GateThresholds();
     `per_pool` (a pool's own margin threshold and drift tolerance) to config.json's calibration. The records are
     streamed (reports/analyze_run.py): what is held is the requests frame, each candidate's latency figures and
-    the worst cases' records, never the token lists or the record dicts of the whole run.
+    the worst cases' records, never the token lists or the record dicts of the whole run. `cluster`: the token
+    pass as Ray tasks on this Ray cluster (an address, auto, or local: reports/analyze_pass.py), the same outputs.
     """
     run_dir = Path(run_dir)
     config = load_config(run_dir)
@@ -191,7 +192,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     calibrated = bool((config.get("calibration") or {}).get("per_pool") is not None or per_pool)
     per_pool = per_pool if per_pool is not None else _per_pool(config)
     run = analyze_run(run_dir, threshold=thresholds.margin_threshold, tolerance=thresholds.drift_tolerance,
-                      per_pool=per_pool)
+                      per_pool=per_pool, cluster=cluster)
     if not run.n_candidates:
         raise NoRecordsError(f"{run_dir} has no candidate records (looked in {run_dir / 'records'})")
     config.setdefault("run_id", run.run_id or run_dir.name)
@@ -240,13 +241,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-drift", type=int, help="largest passing number of requests with drift")
     parser.add_argument("--min-coverage", type=float, help="smallest share of boundary cells crossed and restored "
                         "(below it: INCONCLUSIVE)")
+    parser.add_argument("--cluster", metavar="ADDRESS", help="analyze with Ray tasks on this Ray cluster (auto: the "
+                        "one this node runs; local: a Ray of this machine); its nodes must read the run directory")
     args = parser.parse_args(argv)
     thresholds = GateThresholds.from_config(
         load_config(args.run_dir), margin_threshold=args.margin_threshold,
         max_soft_rate=args.max_soft_rate, max_hard=args.max_hard, max_errors=args.max_errors,
         drift_tolerance=args.drift_tolerance, max_drift=args.max_drift, min_coverage=args.min_coverage)
     try:
-        verdict = render_run(args.run_dir, thresholds)
+        verdict = render_run(args.run_dir, thresholds, cluster=args.cluster)
     except NoRecordsError as e:
         print(f"error: {e}; nothing to judge (exit {EXIT_HARNESS_FAILED})", file=sys.stderr)
         return EXIT_HARNESS_FAILED
