@@ -15,7 +15,7 @@ import pickle
 import tempfile
 from array import array
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -218,15 +218,18 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
         store.close()
 
 
-def cluster_passes(run_dir: Path, stems: list[str], starts: list[int], view: View, *args) -> list[Pass]:
+def cluster_passes(run_dir: Path, stems: list[str], starts: list[int], view: View, *args) -> Iterator[Pass]:
     """token_pass over each stem as a Ray task on the connected cluster (the run directory must be where every
-    node reads it), in stem order."""
+    node reads it), all started at once, each result fetched in stem order when the caller asks for it (so that
+    the caller holds one pass's result besides what it merged)."""
     import ray
 
     remote = ray.remote(num_cpus=1)(token_pass)
     shared = ray.put(view)
-    return ray.get([remote.remote(run_dir, [stem], start, shared, *args) for stem, start in zip(stems, starts,
-                                                                                                  strict=True)])
+    refs = [remote.remote(run_dir, [stem], start, shared, *args) for stem, start in zip(stems, starts, strict=True)]
+    for i in range(len(refs)):
+        ref, refs[i] = refs[i], None
+        yield ray.get(ref)
 
 
 def connect_for_analysis(address: str) -> None:
