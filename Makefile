@@ -121,11 +121,13 @@ run: $(STAMP)
 	$(BIN)/python -m harness.run $(ARGS)
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file per process at a time: its real-engine and
-# end-to-end tests wait on server start-ups and subprocesses as much as they compute. TEST_WORKERS=0: one process.
+# end-to-end tests wait on server start-ups and subprocesses as much as they compute. Files go out in the order
+# tests/conftest.py gives (the long ones first; xdist would otherwise put the files with most tests first).
+# TEST_WORKERS=0: one process.
 TEST_WORKERS ?= $(shell $(PY) -c "import os; print(min(4, max(2, len(os.sched_getaffinity(0)))))")
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
