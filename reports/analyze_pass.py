@@ -238,4 +238,4 @@ def connect_for_analysis(address: str) -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)  # "local": always a new one

@@ -10,7 +10,8 @@ from tests.harness.helpers import REPO
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    # "local": a Ray of its own, never a cluster another test (another pytest-xdist worker) has started
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
