@@ -42,49 +42,14 @@ def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
     a multiple of the interval); "none" otherwise (the previous turn did not take it: another session's, or one
     restored before); None without a restore or a previous turn.
     """
-    pool, session, turns = cols["pool"], cols["session_id"], cols["turn"]
-    keys = cols.get("key") or [None] * len(turns)
-    point = [sweep_point_of(k, c) for k, c in zip(keys, cols["concurrency"], strict=True)]
-    cached_col, classes, intervals = cols["cached_tokens"], cols["class"], cols["interval"]
-    input_lens = cols["input_len"]
-    index: dict[tuple, int] = {}
-    for i in range(len(turns)):
-        index.setdefault((pool[i], point[i], session[i], turns[i]), i)
-    for i, turn in enumerate(turns):
-        cached = cached_col[i]
-        if not isinstance(turn, int) or turn <= 0 or cached <= 0:
-            continue
-        where = (pool[i], point[i], session[i])
-        prev = index.get((*where, turn - 1))
-        # a turn that restored this same checkpoint did not take it: the turn before it did (a turn that branches
-        # off its history restores the checkpoint the turn it branched from restored)
-        while prev is not None and cached_col[prev] == cached and turns[prev] > 0 and on_path(i, prev, cached):
-            prev = index.get((*where, turns[prev] - 1))
-        if prev is None:
-            continue
-        if classes[prev] == "error" or intervals[prev] is None:
-            continue  # what the previous turn crossed or took is unknown: no link claimed
-        cols["restored_link"][i] = "prefill" if cached_col[prev] < cached <= input_lens[prev] else "none"
-        if not on_path(i, prev, cached):
-            cols["restored_link"][i] = "none"
-            continue
-        for x in cols["crossings"][prev]:
-            if x["boundary"] != cached:
-                continue
-            if x["source"] == "reported":
-                cols["restored_link"][i] = "verify"
-                cols["restored_verify_crossed"][i] = True
-                cols["restored_crossing_step"][i] = x["step"]
-                cols["restored_crossing_commit_len"][i] = x["commit_len"]
-                cols["restored_crossing_tracked"][i] = x["tracked_agrees"]
-            else:
-                cols["restored_link"][i] = "position"
-            break
+    index = LinkIndex()
+    index.add(cols)
+    cols.update(index.links(cols["crossings"].__getitem__, on_path))
 
 
 class LinkIndex:
-    """What link_restored_checkpoints reads of each row, gathered batch by batch in compact form (a streamed run's
-    rows, reports/analyze_run.py): its session (pool, sweep point, session id) as a number, turn, restored
+    """What the links read of each row, gathered batch by batch in compact form (a streamed run's rows,
+    reports/analyze_pass.py): its session (pool, sweep point, session id) as a number, turn, restored
     tokens, input length, and whether its class is an error or its interval unknown. `links(crossings, on_path)`
     gives the link columns link_restored_checkpoints sets, as whole lists."""
 
@@ -95,7 +60,8 @@ class LinkIndex:
 
     def add(self, cols: dict[str, list]) -> None:
         """Append the rows of a batch's frame columns (reports/analyze.py row_of lists)."""
-        for key, pool, conc, session in zip(cols["key"], cols["pool"], cols["concurrency"], cols["session_id"],
+        keys = cols.get("key") or [None] * len(cols["turn"])
+        for key, pool, conc, session in zip(keys, cols["pool"], cols["concurrency"], cols["session_id"],
                                             strict=True):
             self.session.append(self._sessions.setdefault((pool, sweep_point_of(key, conc), session),
                                                           len(self._sessions)))
@@ -115,7 +81,8 @@ class LinkIndex:
         self.no_prev += other.no_prev
 
     def links(self, crossings: Callable[[int], list[dict]], on_path: OnPath) -> dict[str, list]:
-        """The link columns of every row (link_restored_checkpoints' rules); `crossings(j)`: row j's crossings."""
+        """The link columns of every row (link_restored_checkpoints' rules: its doc); `crossings(j)`: row j's
+        crossings."""
         self._sessions.clear()
         n = len(self.turn)
         out = {"restored_link": [None] * n, "restored_verify_crossed": [False] * n,
