@@ -42,7 +42,11 @@ _INT_COLUMNS = [
 ]
 LINK_COLUMNS = ["restored_link", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
                 "restored_crossing_tracked"]  # set by reports/links.py
+_NOT_TEXT = {"crossings", *LINK_COLUMNS}  # object columns that are never made text
 _FLOAT_COLUMNS = ["drift", "drift_before_flip", "ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
+_BOOL_COLUMNS = {"restored": bool, "restored_verify_crossed": bool, "restored_crossing_tracked": "boolean",
+                 "injected_fault_hit": "boolean"}
+_TYPED = {*_INT_COLUMNS, *_FLOAT_COLUMNS, *_BOOL_COLUMNS}
 
 
 @dataclass(frozen=True)
@@ -190,30 +194,63 @@ def _typed(df: pd.DataFrame) -> pd.DataFrame:
     for col in _FLOAT_COLUMNS:
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
-    for col, dtype in (("restored", bool), ("restored_verify_crossed", bool), ("restored_crossing_tracked", "boolean"),
-                       ("injected_fault_hit", "boolean")):
+    for col, dtype in _BOOL_COLUMNS.items():
         if col in df:
             df[col] = df[col].astype(dtype)
     return df
 
 
+def _text_kind(col: pd.Series) -> str:
+    """`text` (its non-null values are all str), `none` (no values) or `other`."""
+    values = col.dropna()
+    if not len(values):
+        return "none"
+    return "text" if all(isinstance(v, str) for v in values) else "other"
+
+
+def _is_text(col: pd.Series) -> bool:
+    return col.dtype != object and pd.api.types.is_string_dtype(col.dtype)
+
+
+def _chunk_kind(col: pd.Series) -> str:
+    """_text_kind of a chunk's column, text where chunk_frame made it text."""
+    if col.dtype == object:
+        return _text_kind(col)
+    if _is_text(col):
+        return "text"
+    return "other" if col.notna().any() else "none"
+
+
 def chunk_frame(cols: dict[str, list]) -> pd.DataFrame:
-    """Typed rows of REQUEST_COLUMNS lists, before any link is set (frames_joined puts them together)."""
-    return _typed(pd.DataFrame(cols, columns=REQUEST_COLUMNS))
+    """Typed rows of REQUEST_COLUMNS lists, before any link is set (frames_joined puts them together); a column
+    whose values are all text is text already (a chunk holds no str object per row and cell)."""
+    df = _typed(pd.DataFrame(cols, columns=REQUEST_COLUMNS))
+    for col in REQUEST_COLUMNS:
+        if df[col].dtype == object and col not in _NOT_TEXT and _text_kind(df[col]) == "text":
+            df[col] = df[col].astype("str")
+    return df
 
 
 def frames_joined(chunks: list[pd.DataFrame], links: dict[str, list]) -> pd.DataFrame:
     """The requests frame of chunk_frame chunks, in order, with the link columns (LINK_COLUMNS, whole lists):
-    equal to frame() over the chunks' lists together (a text column is text wherever any chunk has text)."""
+    equal to frame() over the chunks' lists together (a text column is text wherever no chunk has other values
+    and one has text)."""
     if not chunks:
         return empty_frame()
+    for col in REQUEST_COLUMNS:
+        if col in _NOT_TEXT or col in _TYPED or all(_is_text(c[col]) for c in chunks):
+            continue
+        kinds = {_chunk_kind(c[col]) for c in chunks}
+        if "other" in kinds:  # not text: its text chunks back to str objects, None where missing
+            for c in chunks:
+                if _is_text(c[col]):
+                    c[col] = c[col].astype(object).where(c[col].notna(), None)
+        elif "text" in kinds:
+            for c in chunks:
+                if not _is_text(c[col]):
+                    c[col] = c[col].astype("str")
     df = pd.concat(chunks, ignore_index=True)
     chunks.clear()
-    for col in REQUEST_COLUMNS:
-        if df[col].dtype == object and col != "crossings" and col not in links:
-            values = df[col].dropna()
-            if len(values) and all(isinstance(v, str) for v in values):
-                df[col] = df[col].astype("str")
     typed = _typed(pd.DataFrame(links))
     for col in LINK_COLUMNS:
         df[col] = typed[col].to_numpy() if typed[col].dtype == object else typed[col].array

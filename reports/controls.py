@@ -29,6 +29,7 @@ from collections.abc import Collection, Mapping
 
 import pandas as pd
 
+from reports.frame_rows import records
 from reports.oracle import FLAGGED
 
 BASELINE_POOL = "baseline"
@@ -160,7 +161,7 @@ def restore_onsets(df: pd.DataFrame, first_drift: Mapping[str, float], tolerance
     if not len(df) or not tolerances:
         return pd.Series(False, index=df.index)
     out = []
-    for row in df[["key", "pool", "class", "restored"]].to_dict("records"):
+    for row in records(df, ["key", "pool", "class", "restored"]):
         tol = tolerances.get(str(row["pool"]))
         d = first_drift.get(row["key"]) if row["restored"] else None
         out.append(bool(tol is not None and row["class"] == "exact" and d is not None and d > tol))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.frame_rows import records
 from reports.oracle import FLAGGED
 
 COVERAGE_COLUMNS = ["interval", "step", "commit_len", "crossed", "crossed_untracked", "restored",
@@ -34,7 +35,7 @@ _HIT_COLUMNS = ["key", "interval", "class", "crossings", "restored_verify_crosse
 def cell_hits(df: pd.DataFrame) -> pd.DataFrame:
     """Long form: one row per (request, kind, step, commit_len) with kind `crossed` or `restored`."""
     rows = []
-    for r in df[_HIT_COLUMNS].to_dict("records"):  # only the columns read: the frame has 60
+    for r in records(df, _HIT_COLUMNS):  # only the columns read: the frame has 60
         if pd.isna(r["interval"]):
             continue
         flagged = r["class"] in FLAGGED

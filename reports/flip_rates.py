@@ -29,6 +29,7 @@ import pandas as pd
 
 from records.schema import point_label
 from reports.exact_test import ExactTest, Stratum, exact_test, tarone_level
+from reports.frame_rows import records
 from reports.oracle import FLAGGED
 
 # The family-wise false-alarm rate of all rate tests of one run. A gate runs on every build: at 0.001 a clean build
@@ -50,7 +51,7 @@ def point_of(row: Mapping) -> str:
 
 def points(df: pd.DataFrame) -> pd.Series:
     """Each row's sweep point label."""
-    return pd.Series([point_of(r) for r in df[["key", "pool", "concurrency"]].to_dict("records")], index=df.index,
+    return pd.Series([point_of(r) for r in records(df, ["key", "pool", "concurrency"])], index=df.index,
                      dtype=object)
 
 

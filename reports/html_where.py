@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.frame_rows import records
 from reports.html_base import esc
 
 FLAGGED = ("hard", "drift")
@@ -44,7 +45,7 @@ def restore_kind(row: dict) -> str:
 def kind_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per restore kind with requests: requests, flagged (hard + drift), soft, exact and errors."""
     rows = []
-    kinds = [restore_kind(r) for r in df[["cached_tokens", "restored_link", "block_size"]].to_dict("records")]
+    kinds = [restore_kind(r) for r in records(df, ["cached_tokens", "restored_link", "block_size"])]
     classes = df["class"].tolist()
     for key, what in KINDS.items():
         mine = [c for k, c in zip(kinds, classes, strict=True) if k == key]

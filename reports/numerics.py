@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from reports.frame_rows import records
+
 SWAP_FACTOR = 2.0  # a gap between two tokens moves by at most twice the largest move of either log-prob
 
 
@@ -113,7 +115,7 @@ def decisive(df: pd.DataFrame, scales: Mapping[str, NumericsScale]) -> pd.Series
     if not len(df):
         return pd.Series([], dtype=bool)
     out = []
-    for row in df[["pool", "ref_margin", "cand_token", "ref_token"]].to_dict("records"):
+    for row in records(df, ["pool", "ref_margin", "cand_token", "ref_token"]):
         scale = scales.get(str(row["pool"]))
         weighable = pd.notna(row["cand_token"]) and pd.notna(row["ref_token"])
         out.append(scale is not None and not (weighable and scale.explains(_finite(row["ref_margin"]))))

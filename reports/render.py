@@ -140,7 +140,21 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
                        decisive_lines(gated, beyond, scales), rate_tests(gated, calibration, trusted))
     judged = set(gated.loc[gated["class"].isin(FLAGGED), "pool"].astype(str)) if len(gated) else set()
     gated = gated.assign(unjudged_pool=gated["pool"].astype(str).isin(set(unshared) - judged))
-    return verdict, lines, pd.concat([gated, df[control]]).loc[df.index] if len(df) else df
+    return verdict, lines, rejoined(df, gated, control) if len(df) else df
+
+
+def rejoined(df: pd.DataFrame, part: pd.DataFrame, control: pd.Series) -> pd.DataFrame:
+    """`pd.concat([part, df[control]]).loc[df.index]` (`part`: the rows of `df` outside `control`, some columns
+    changed or added), holding a copy of only the columns `part` changed: the others are `df`'s own."""
+    if not df.columns.isin(part.columns).all():  # a column dropped: what concat makes of it
+        return pd.concat([part, df[control]]).loc[df.index]
+    changed = [c for c in part.columns if c not in df.columns or not part[c].equals(df[c][~control])]
+    out = df.copy(deep=False)
+    if changed:
+        whole = pd.concat([part[changed], df.loc[control, [c for c in changed if c in df.columns]]]).loc[df.index]
+        for c in changed:
+            out[c] = whole[c]
+    return out[list(part.columns)]
 
 
 def _with_paired(run_dir: Path, df: pd.DataFrame, config: dict) -> pd.DataFrame:

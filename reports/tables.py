@@ -18,6 +18,7 @@ from records.schema import CACHE_COUNTERS, POINTS_FILE, point_label
 from reports.analyze import REQUEST_COLUMNS, crossings_json
 from reports.coverage import cells, cells_reached, coverage_table
 from reports.escape import CSV_FORMULA, csv_cell
+from reports.frame_rows import ROWS, records
 from reports.latency import LATENCY_COLUMNS, empty_latency, latency_of_points, parse_slo, request_latency
 from reports.oracle import CLASSES, FLAGGED
 from reports.tree_shapes import SHAPE_COLUMNS, request_shapes, shapes_table
@@ -52,7 +53,7 @@ _ATTRIBUTION_COLUMNS = ["key", "interval", "class", "onset_points_at", "prompt_o
 def attributions(df: pd.DataFrame) -> pd.DataFrame:
     """Long form: one row per (request, boundary kind, offset, commit_len) it is attributed to."""
     rows = []
-    for r in df[_ATTRIBUTION_COLUMNS].to_dict("records"):  # only the columns read: the frame has 60
+    for r in records(df, _ATTRIBUTION_COLUMNS):  # only the columns read: the frame has 60
         interval = _na(r["interval"])
         if interval is None:
             continue
@@ -160,7 +161,7 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates:
     latency = latency_of_points(latency, slo)
     done = {(p.get("pool"), p.get("point")): p for p in points or []}
     blocks = df.dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
-    df = df.assign(point=[_label(r) for r in df[["key", "pool", "concurrency"]].to_dict("records")])
+    df = df.assign(point=[_label(r) for r in records(df, ["key", "pool", "concurrency"])])
     rows = []
     groups = df.groupby(["pool", "interval", "point"], dropna=False, sort=True)
     for (pool, interval, label), g in sorted(groups, key=lambda kv: (str(kv[0][0]), _point_sort(kv[0][2]))):
@@ -205,19 +206,29 @@ def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None
                  latency: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
     """Write requests.csv, boundaries.csv, configs.csv, coverage.csv and tree_shapes.csv (from `shapes`, the
     per-request tree shapes, else from the candidate records' ids: reports/tree_shapes.py; empty without them)
-    into `run_dir`; return the frames. configs.csv takes the run's point records and its config.json's --slo
-    from `run_dir`; `latency`: the candidates' request_latency rows (else from `candidates`, else from `df`)."""
+    into `run_dir`; return the frames but requests.csv's. configs.csv takes the run's point records and its
+    config.json's --slo from `run_dir`; `latency`: the candidates' request_latency rows (else from `candidates`,
+    else from `df`)."""
     run_dir = Path(run_dir)
     if shapes is None and candidates:
         shapes = request_shapes(candidates)
     shapes = shapes_table(shapes, df) if shapes is not None else pd.DataFrame(columns=SHAPE_COLUMNS)
     slo = parse_slo((load_config(run_dir).get("run_config") or {}).get("slo"))
     configs = configs_table(df, stats, candidates, point_records(run_dir), slo, latency)
-    tables = {"requests": requests_table(df), "boundaries": boundaries_table(df),
-              "configs": configs, "coverage": coverage_table(df), "tree_shapes": shapes}
+    write_requests(df, run_dir / "requests.csv")
+    tables = {"boundaries": boundaries_table(df), "configs": configs, "coverage": coverage_table(df),
+              "tree_shapes": shapes}
     for name, table in tables.items():
         csv_safe(table).to_csv(run_dir / f"{name}.csv", index=False, float_format="%.6g")
     return tables
+
+
+def write_requests(df: pd.DataFrame, path: Path) -> None:
+    """requests.csv (requests_table, csv_safe), written ROWS rows at a time: the table is a copy of the frame."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        for start in range(0, max(len(df), 1), ROWS):
+            csv_safe(requests_table(df.iloc[start:start + ROWS])).to_csv(f, index=False, header=not start,
+                                                                         float_format="%.6g")
 
 
 def point_records(run_dir: Path) -> list[dict]:

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from reports.envelope import Envelope, ladder_sums
+from reports.frame_rows import records
 
 WINDOW_LISTS = ("window_logprobs", "window_ref_logprobs")  # the probe's token lists (harness/window.py)
 WINDOW_DETAIL = "prompt log-prob drift"  # the start of a window flag's detail
@@ -122,7 +123,7 @@ def with_windows(df: pd.DataFrame, facts: Mapping[str, WindowFact | str], limits
     if not len(df):
         return df.assign(**{c: pd.Series(dtype=object) for c in WINDOW_COLUMNS})
     cols: dict[str, list] = {c: [] for c in (*WINDOW_COLUMNS, "class", "detail", "onset_points_at")}
-    for row in df[["key", "pool", "class", "detail", "onset_points_at"]].to_dict("records"):
+    for row in records(df, ["key", "pool", "class", "detail", "onset_points_at"]):
         fact = facts.get(str(row["key"]))
         status, start, n, drift, onset_pos = None, None, None, None, None
         cls, detail, points = row["class"], row["detail"], row["onset_points_at"]
