@@ -7,13 +7,13 @@ sequence index `input_len + p`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from protocol.boundaries import boundaries_between, boundary_step, crossed_boundary, nearest_boundary_offset
+from reports.crossing_cells import crossings_json
 from reports.envelope import Envelope
 from reports.links import OnPath, link_restored_checkpoints, seqs_on_path
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, Classification, classify
@@ -42,7 +42,7 @@ _INT_COLUMNS = [
 ]
 LINK_COLUMNS = ["restored_link", "restored_verify_crossed", "restored_crossing_step", "restored_crossing_commit_len",
                 "restored_crossing_tracked"]  # set by reports/links.py
-_NOT_TEXT = {"crossings", *LINK_COLUMNS}  # object columns that are never made text
+_NOT_TEXT = set(LINK_COLUMNS)  # object columns that are never made text (frames_joined sets them)
 _FLOAT_COLUMNS = ["drift", "drift_before_flip", "ref_margin", "spec_accept_length", "ttft", "itl", "e2e", "t_start"]
 _BOOL_COLUMNS = {"restored": bool, "restored_verify_crossed": bool, "restored_crossing_tracked": "boolean",
                  "injected_fault_hit": "boolean"}
@@ -164,7 +164,7 @@ def row_of(cand: dict, c: Classification, interval: int | None, input_len: int, 
         "crossing_source": source, "crossed_boundaries": " ".join(str(x["boundary"]) for x in crossings),
         "n_crossings": len(crossings),
         "n_untracked_crossings": sum(1 for x in crossings if x["tracked_agrees"] is False),
-        "crossings": crossings,
+        "crossings": crossings_json(crossings),
         "restored_link": None, "restored_verify_crossed": False, "restored_crossing_step": None,
         "restored_crossing_commit_len": None, "restored_crossing_tracked": None,
         "spec_verify_ct": cand.get("spec_verify_ct"), "spec_accept_length": cand.get("spec_accept_length"),
@@ -290,8 +290,3 @@ def frame(cols: dict[str, list], on_path: OnPath) -> pd.DataFrame:
         return empty_frame()
     link_restored_checkpoints(cols, on_path)
     return _typed(pd.DataFrame(cols, columns=REQUEST_COLUMNS))
-
-
-def crossings_json(crossings: list[dict]) -> str:
-    """The `crossings` cell as written to requests.csv."""
-    return json.dumps(crossings, separators=(",", ":"))

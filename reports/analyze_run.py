@@ -37,6 +37,7 @@ from records.reader import RunReader
 from reports.analyze import frames_joined
 from reports.analyze_batch import ORACLE_FIELDS
 from reports.analyze_pass import Pass, Spill, View, cluster_passes, connect_for_analysis, token_pass
+from reports.crossing_cells import crossing_list
 from reports.facts import TokenFacts
 from reports.latency import request_latency
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
@@ -211,9 +212,13 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
                 return True
             return digests[(i, -length)] == digests[(j, length)]
 
-        crossings = [c for chunk in total.chunks for c in chunk["crossings"]]
-        df = frames_joined(total.chunks, total.links.links(crossings.__getitem__, on_path))
-        del crossings
+        starts = np.cumsum([0] + [len(c) for c in total.chunks])
+
+        def crossings(j: int) -> list[dict]:
+            c = int(np.searchsorted(starts, j, side="right")) - 1
+            return crossing_list(total.chunks[c]["crossings"].iat[j - int(starts[c])])
+
+        df = frames_joined(total.chunks, total.links.links(crossings, on_path))
         digests.clear()
         shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
         latency = pd.concat(total.latency, ignore_index=True) if total.latency else request_latency([])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from reports.crossing_cells import crossing_list
 from reports.frame_rows import records
 from reports.oracle import FLAGGED
 
@@ -39,7 +40,7 @@ def cell_hits(df: pd.DataFrame) -> pd.DataFrame:
         if pd.isna(r["interval"]):
             continue
         flagged = r["class"] in FLAGGED
-        for x in r["crossings"]:
+        for x in crossing_list(r["crossings"]):
             if x["source"] == "reported":
                 rows.append((r["key"], int(r["interval"]), "crossed", x["step"], x["commit_len"],
                              x["tracked_agrees"] is False, flagged))

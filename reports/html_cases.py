@@ -7,6 +7,7 @@ import functools
 import pandas as pd
 
 from protocol.tokenizer import BYTE_TOKENIZER
+from reports.crossing_cells import crossing_list
 from reports.html_base import esc
 from reports.oracle import position_drift, top_margin
 from reports.results import attribution_text, crossing_text, divergence_text, drift_text, value_or_none
@@ -188,8 +189,8 @@ def case_card(row: dict, cand: dict, ref: dict | None, tolerance: float | None =
             f"cached_tokens {esc(row['cached_tokens'])}</p>")
     parts = [head, info, f"<p><b>Attribution:</b> {esc(attribution_text(row))}</p>"]
     trace = cand.get("spec_trace")
-    if row["crossings"]:
-        items = "".join(f"<li>{esc(crossing_text(x))}</li>" for x in row["crossings"])
+    if crossings := crossing_list(row["crossings"]):
+        items = "".join(f"<li>{esc(crossing_text(x))}</li>" for x in crossings)
         parts.append(f"<p><b>Boundary crossings ({esc(row['crossing_source'])}):</b></p><ul>{items}</ul>")
     elif trace is None:
         parts.append("<p>spec_trace: not reported by the engine</p>")

@@ -11,6 +11,7 @@ from array import array
 from collections.abc import Callable
 
 from records.schema import sweep_point_of
+from reports.crossing_cells import crossing_list
 
 OnPath = Callable[[int, int, int], bool]
 
@@ -44,7 +45,7 @@ def link_restored_checkpoints(cols: dict[str, list], on_path: OnPath) -> None:
     """
     index = LinkIndex()
     index.add(cols)
-    cols.update(index.links(cols["crossings"].__getitem__, on_path))
+    cols.update(index.links(lambda j: crossing_list(cols["crossings"][j]), on_path))
 
 
 class LinkIndex:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from reports.crossing_cells import crossing_list
 from reports.diagnosis import Diagnosis, NoiseFloor
 from reports.gate import Verdict
 
@@ -118,7 +119,7 @@ def attribution_text(row: dict) -> str:
         parts.append(text)
     else:
         parts.append("no checkpoint restored")
-    crossings = row.get("crossings") or []
+    crossings = crossing_list(row.get("crossings"))
     if crossings:
         parts.append("this turn crossed " + "; ".join(crossing_text(x) for x in crossings))
     elif row.get("crossing_source") == "reported":

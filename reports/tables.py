@@ -15,8 +15,9 @@ from protocol.boundaries import nearest_boundary_offset
 from records.reader import RunReader
 from records.rundir import load_config
 from records.schema import CACHE_COUNTERS, POINTS_FILE, point_label
-from reports.analyze import REQUEST_COLUMNS, crossings_json
+from reports.analyze import REQUEST_COLUMNS
 from reports.coverage import cells, cells_reached, coverage_table
+from reports.crossing_cells import crossing_list
 from reports.escape import CSV_FORMULA, csv_cell
 from reports.frame_rows import ROWS, records
 from reports.latency import LATENCY_COLUMNS, empty_latency, latency_of_points, parse_slo, request_latency
@@ -74,7 +75,7 @@ def attributions(df: pd.DataFrame) -> pd.DataFrame:
             add("restored_position", None, None)
         elif r["restored_link"] == "prefill":  # the previous turn's prefill checkpoint: offset from the I grid
             add("restored_prefill", nearest_boundary_offset(int(r["cached_tokens"]), int(interval)))
-        for x in r["crossings"]:
+        for x in crossing_list(r["crossings"]):
             if x["source"] == "reported":
                 add("crossed_verify", x["step"], x["commit_len"], x["tracked_agrees"] is False)
             else:
@@ -195,10 +196,8 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates:
 
 
 def requests_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The requests frame as written to CSV (crossings as JSON)."""
-    out = df[REQUEST_COLUMNS + [c for c in WINDOW_COLUMNS if c in df]].copy()
-    out["crossings"] = out["crossings"].map(crossings_json)
-    return out
+    """The requests frame's columns written to CSV."""
+    return df[REQUEST_COLUMNS + [c for c in WINDOW_COLUMNS if c in df]]
 
 
 def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None = None,

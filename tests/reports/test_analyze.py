@@ -7,6 +7,7 @@ import pytest
 
 from protocol.boundaries import nearest_boundary_offset
 from reports.analyze import analyze, inferred_crossings, verify_crossings
+from reports.crossing_cells import crossing_list
 from reports.oracle import classify, first_divergence, token_rank, top_margin
 from tests.reports.factory import candidate, pair, prompt, reference
 
@@ -170,19 +171,19 @@ def test_reported_crossings_with_tracked_agree_and_disagree():
     row = one(pair(prompt(250), OUT, spec_trace=[[251, 3, -1], [254, 2, 1], [256, 3, -1]]))
     assert row["crossing_source"] == "reported"
     assert (row["crossed_boundaries"], row["n_crossings"], row["n_untracked_crossings"]) == ("256", 1, 0)
-    assert row["crossings"] == [{"boundary": 256, "source": "reported", "pre_len": 254, "commit_len": 2,
-                                 "step": 1, "tracked": 1, "tracked_agrees": True}]
+    assert crossing_list(row["crossings"]) == [{"boundary": 256, "source": "reported", "pre_len": 254, "commit_len": 2,
+                                               "step": 1, "tracked": 1, "tracked_agrees": True}]
     row = one(pair(prompt(250), OUT, spec_trace=[[251, 3, -1], [254, 2, -1], [256, 3, -1]]))
     assert (row["n_crossings"], row["n_untracked_crossings"]) == (1, 1)
-    assert row["crossings"][0]["tracked_agrees"] is False
+    assert crossing_list(row["crossings"])[0]["tracked_agrees"] is False
 
 
 def test_inferred_crossings_when_spec_trace_is_null():
     row = one(pair(prompt(250), list(range(65, 65 + 140)), interval=128, pool="i128"))
     assert row["crossing_source"] == "inferred"
     assert row["crossed_boundaries"] == "256 384"
-    assert [(x["boundary"], x["commit_len"], x["step"]) for x in row["crossings"]] == [(256, None, None),
-                                                                                     (384, None, None)]
+    xs = crossing_list(row["crossings"])
+    assert [(x["boundary"], x["commit_len"], x["step"]) for x in xs] == [(256, None, None), (384, None, None)]
     assert row["n_untracked_crossings"] == 0
 
 

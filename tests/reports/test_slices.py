@@ -17,7 +17,7 @@ from tests.reports.test_tables import df  # noqa: F401  (the module's fixture)
 
 def _cols(values: dict[str, list], n: int) -> dict[str, list]:
     cols = {c: [None] * n for c in REQUEST_COLUMNS}
-    cols["crossings"] = [[] for _ in range(n)]
+    cols["crossings"] = ["[]"] * n
     cols.update(values)
     return cols
 
