@@ -63,8 +63,8 @@ class TokenTrie:
         while pos < len(seq):
             first = int(seq[pos])
             child = node.children.get(first)
-            if child is None:
-                node.children[first] = _Node(seq[pos:])
+            if child is None:  # its own copy: a view would hold the whole sequence for its last tokens
+                node.children[first] = _Node(seq[pos:].copy())
                 return
             m = _common(child.edge, seq, pos)
             if m < len(child.edge):  # split: the upper part keeps the shared tokens
@@ -151,8 +151,8 @@ def slim(rec: dict) -> dict:
 def request_shapes(candidates: list[dict], ids_of: Loader = record_ids) -> pd.DataFrame:
     """One row per answered candidate: key, interval, concurrency, shape (None: restored nothing), sibling,
     the depth it branches off at, and the shapes its case was designed to reach. `ids_of` gives the token ids
-    of one sweep point's records on one replica at a time (default: the records' own `input_ids` and
-    `output_ids`)."""
+    of the records it is given, as the walk of one sweep point on one replica comes to them (default: the
+    records' own `input_ids` and `output_ids`)."""
     points: dict[tuple, list[dict]] = defaultdict(list)
     for rec in candidates:
         point = point_of(rec)
@@ -163,40 +163,45 @@ def request_shapes(candidates: list[dict], ids_of: Loader = record_ids) -> pd.Da
 
 def shapes_of_points(points, ids_of: Loader = record_ids) -> pd.DataFrame:
     """request_shapes of records already grouped by point_of (an iterable of lists, in first-record order)."""
-    rows = []
+    cols: dict[str, list] = {c: [] for c in _ROW}
     for recs in points:
-        rows += _point_shapes(recs, ids_of)
-    return pd.DataFrame(rows, columns=["key", "interval", "concurrency", "shape", "sibling", "branch", "designed"])
+        _point_shapes(recs, ids_of, cols)
+    return pd.DataFrame(cols, columns=_ROW)
 
 
-def _point_shapes(recs: list[dict], ids_of: Loader) -> list[dict]:
-    """Shapes of one sweep point's requests on one replica, walking them in the order they were sent."""
+_ROW = ["key", "interval", "concurrency", "shape", "sibling", "branch", "designed"]
+
+
+def _point_shapes(recs: list[dict], ids_of: Loader, cols: dict[str, list]) -> None:
+    """Append the shapes of one sweep point's requests on one replica to `cols` (a list per _ROW column),
+    walking them in the order they were sent."""
     ok = [r for r in recs if r.get("error") is None and r.get("e2e") is not None]
-    loaded = ids_of(ok)
-    inputs = {id(r): ids for r, (ids, _) in zip(ok, loaded, strict=True)}
-    seqs = {id(r): seq for r, (_, seq) in zip(ok, loaded, strict=True)}
+
+    def seq(q: dict) -> np.ndarray:  # loaded when needed: a point's ids at once are most of a run's tokens
+        return ids_of([q])[0][1]
+
     ends = sorted(ok, key=lambda r: r["t_start"] + r["e2e"])
     sessions: dict[str, list[dict]] = defaultdict(list)
     for q in ok:
         sessions[q.get("session_id")].append(q)
-    trie, done, rows = TokenTrie(), 0, []
+    trie, done = TokenTrie(), 0
     for r in sorted(ok, key=lambda r: r["t_start"]):
         while done < len(ends) and ends[done]["t_start"] + ends[done]["e2e"] <= r["t_start"]:
-            trie.insert(seqs[id(ends[done])])
+            trie.insert(seq(ends[done]))
             done += 1
-        d, ids = int(r.get("cached_tokens") or 0), inputs[id(r)]
+        d, ids = int(r.get("cached_tokens") or 0), ids_of([r])[0][0]
         depth, splits, inside = trie.walk(ids[:-1]) if len(ids) > 1 else (0, [], False)
         own = [q for q in sessions[r.get("session_id")] if q["t_start"] < r["t_start"]]
-        sibling = d > 0 and not any(np.array_equal(seqs[id(q)][:d], ids[:d]) for q in own)
+        sibling = d > 0 and not any(np.array_equal(seq(q)[:d], ids[:d]) for q in own)
         # a pool without a prefix cache (a speculation-only control or --diagnose pool) cannot reach a shape its
         # case was designed for: the design is not its to miss
         caching = (r.get("engine") or {}).get("radix_cache") is not False
         designed = ((r.get("case") or {}).get("tree_shapes") or []) if caching else []
         turn = r.get("turn")
-        rows.append({"key": r["key"], "interval": r.get("interval"), "concurrency": r.get("concurrency"),
-                     "shape": _shape(d, depth, splits, inside), "sibling": sibling, "branch": depth,
-                     "designed": list(designed[turn]) if isinstance(turn, int) and turn < len(designed) else []})
-    return rows
+        row = (r["key"], r.get("interval"), r.get("concurrency"), _shape(d, depth, splits, inside), sibling, depth,
+               list(designed[turn]) if isinstance(turn, int) and turn < len(designed) else [])
+        for c, v in zip(_ROW, row, strict=True):
+            cols[c].append(v)
 
 
 def shapes_table(shapes: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
