@@ -6,7 +6,9 @@ gated: four sessions cross 4 of the 36 boundary cells). Clean: every
 pool's servers confirm the mode, every request (controls included) matches the cold path bit for bit
 (drift 0), the gated pool is compared exactly, PASS. With `stale-seq-lens` (#37817): FAIL, and every turn
 whose record says the fault reached it (`injected_fault_hit`) is flagged: with tolerance 0 even a
-bf16 target catches every corrupted restore, not just those that move a log-prob past the noise.
+bf16 target catches every corrupted restore, not just those that move a log-prob past the noise. Against the
+clean run as the trusted run (`--baseline-run`), the paired check pairs the concurrency-4 sweep point, which
+batching keeps from pairing outside the mode.
 """
 
 import json
@@ -41,8 +43,13 @@ def _run(tmp_path: Path, *extra: str):
     return proc.returncode, run_dir
 
 
-def test_clean_deterministic_bf16_run_passes_with_zero_drift_compared_exactly(tmp_path):
-    code, run_dir = _run(tmp_path)
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> tuple[int, Path]:
+    return _run(tmp_path_factory.mktemp("clean"))
+
+
+def test_clean_deterministic_bf16_run_passes_with_zero_drift_compared_exactly(clean):
+    code, run_dir = clean
     assert code == 0
     df = pd.read_csv(run_dir / "requests.csv")
     assert len(df) == 24 and (df["class"] == "exact").all()  # 8 turns per pool: the candidate and two controls
@@ -64,3 +71,17 @@ def test_stale_seq_lens_flags_every_turn_it_reached(tmp_path):
     assert hit.sum() >= 4  # every session's turn 1 restored the checkpoint its verify step never copied
     assert df.loc[hit, "class"].isin(["drift", "hard"]).all()
     assert (df.loc[~hit, "class"] == "exact").all()  # and nothing it did not reach
+
+
+def test_the_paired_check_pairs_a_concurrent_sweep_point_in_the_mode(clean, tmp_path):
+    code, trusted = clean
+    assert code == 0
+    code, run_dir = _run(tmp_path, "--inject-fault", "stale-seq-lens", "--baseline-run", str(trusted))
+    assert code == 1
+    summary = (run_dir / "summary.md").read_text()
+    assert "1 sweep point(s) served deterministically (every turn that restored nothing equal to its twin bit " \
+           "for bit)" in summary and "not paired, their unrestored turns moved" not in summary
+    df = pd.read_csv(run_dir / "requests.csv")
+    hit = df["injected_fault_hit"].fillna(False).astype(bool)
+    assert hit.sum() >= 4 and df.loc[hit, "class"].isin(["drift", "hard"]).all()
+    assert (df.loc[~hit, "class"] == "exact").all()
