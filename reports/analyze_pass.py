@@ -123,7 +123,7 @@ class View:
     refs: dict[str, tuple]
     prompts: dict[str, tuple]
     in_len: dict[int, int]
-    seq_lens: dict[int, set[int]]
+    seq_lens: dict[int, tuple[int, ...]]
     earlier: dict[str, set] = field(default_factory=dict)
 
 
@@ -175,6 +175,7 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
     store = RowStore(reader, budget)
     store.adopt(view.sources)
     cols: dict[str, list] = {c: [] for c in REQUEST_COLUMNS}
+    latency: list[pd.DataFrame] = []  # the batches' since the last chunk
     k = start
     read = list(dict.fromkeys([*TOKENS, *scalar_columns]))
     try:
@@ -192,11 +193,13 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
                 k += tb.num_rows
                 batch_rows(tb, ks, recs, view, store, view.prompts, per_pool, limits, cols, out.digests,
                            out.has_input, out.facts, out.spill, ladder_pools)
+                latency.append(request_latency(recs))
                 if len(cols["key"]) >= CHUNK_ROWS:
                     out.links.add(cols)
                     out.chunks.append(chunk_frame(cols))
                     cols = {c: [] for c in REQUEST_COLUMNS}
-                out.latency.append(request_latency(recs))
+                    out.latency.append(pd.concat(latency, ignore_index=True))  # a frame per batch costs ~8 KB
+                    latency = []
                 for row, rec in zip(ks, recs, strict=True):
                     if rec.get("cache_lost"):
                         out.lost[rec["cache_lost"]] += 1
@@ -208,6 +211,8 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
         if cols["key"]:
             out.links.add(cols)
             out.chunks.append(chunk_frame(cols))
+        if latency:
+            out.latency.append(pd.concat(latency, ignore_index=True))
         out.n = k - start
         if own:
             exported = out.spill.export()

@@ -163,13 +163,15 @@ class _Index:
                         self.refs.setdefault(str(_field(data, i, "input_hash")), (s, g, int(rows[i])))
         self.seen.stem = ""
         self.in_len: dict[int, int] = {}  # row -> length of its input prefix to digest
-        self.seq_lens: dict[int, set[int]] = {}  # row -> lengths of its input + output prefixes to digest
+        seq_lens: dict[int, set[int]] = {}
         for k, session, turn, cached in links:
             self.in_len[k] = cached
             for t in range(turn):
                 j = first.get((*session, t))
                 if j is not None:
-                    self.seq_lens.setdefault(j, set()).add(cached)
+                    seq_lens.setdefault(j, set()).add(cached)
+        # row -> lengths of its input + output prefixes to digest (a tuple: a set per row costs 216 bytes)
+        self.seq_lens: dict[int, tuple[int, ...]] = {j: tuple(lengths) for j, lengths in seq_lens.items()}
 
 
 def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolerance: float = DRIFT_TOLERANCE,
