@@ -223,10 +223,17 @@ def throughput_latency(configs: pd.DataFrame, path: Path) -> Path:
     return _save(fig, path)
 
 
+# the requests frame's columns the figures read
+PLOT_COLUMNS = ["pool", "class", "interval", "concurrency", "block_size", "prompt_offset", "divergence_offset",
+                "drift_onset", "drift_onset_offset", "drift", "cached_tokens", "spec_accept_length", "t_start", "ttft",
+                "itl", "e2e", "error"]
+
+
 def write_plots(df: pd.DataFrame, boundaries: pd.DataFrame, configs: pd.DataFrame, out_dir: str | Path,
                 coverage: pd.DataFrame | None = None, tolerance: float | None = None) -> dict[str, Path]:
     """Draw every figure into `out_dir` (created); return name -> path."""
     out = Path(out_dir)
+    df = df[[c for c in PLOT_COLUMNS if c in df]]  # a figure's row selections copy these columns, not all 60
     sizes = df["block_size"].dropna() if len(df) else []
     block_size = int(sizes.max()) if len(sizes) else None
     out.mkdir(parents=True, exist_ok=True)
