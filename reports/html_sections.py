@@ -59,7 +59,10 @@ def key_figures(df: pd.DataFrame, configs: pd.DataFrame, verdict: Verdict) -> st
             ("soft", f"{verdict.soft} ({100 * verdict.soft_rate:.1f}%)",
              "bad" if verdict.soft_rate > t.max_soft_rate else ("warn" if verdict.soft else "ok")),
             ("errors", verdict.errors, _status(verdict.errors, t.max_errors))]
-    df = df[~df["pool"].map(is_control)] if len(df) else df  # the gated pools: a control is never judged
+    if len(df):  # the gated pools (a control is never judged): the columns read here, not a copy of every one
+        df = df[["pool", "class", "restored_verify_crossed", "restored_link", "interval", "concurrency", "fault",
+                 "spec_accept_length"]]
+        df = df[~df["pool"].map(is_control)]
     restored = df[df["restored_verify_crossed"]] if len(df) else df
     if len(restored):
         flagged = int(restored["class"].isin(["hard", "drift"]).sum())

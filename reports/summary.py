@@ -63,13 +63,14 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
         lines += [f"Noise floor: requests that restored nothing ({floor.requests}) drift by at most "
                   f"{floor.max:.3g} (tolerance {floor.tolerance:g}).", ""]
     lines += [f"Warning: {md_inline(w)}" for w in results.warnings]
-    df = df[~df["pool"].map(is_control)] if len(df) else df  # the gated pools: a control is never judged
-    linked = df[df["restored_verify_crossed"]] if len(df) else df
+    # the gated pools (a control is never judged), as a mask: a copy of their rows is a copy of the frame
+    gated = ~df["pool"].map(is_control).astype(bool) if len(df) else pd.Series([], dtype=bool)
+    linked = df.loc[gated & df["restored_verify_crossed"], ["class"]] if len(df) else df
     if len(linked):
         flagged = int(linked["class"].isin(["hard", "drift"]).sum())
         lines += [f"Turns that restored a checkpoint their previous turn crossed inside a verify step: "
                   f"{len(linked)}, of which flagged (hard or drift): {flagged}.", ""]
-    linked = df[df["restored_link"] == "position"] if len(df) else df
+    linked = df.loc[gated & (df["restored_link"] == "position"), ["class"]] if len(df) else df
     if len(linked):
         flagged = int(linked["class"].isin(["hard", "drift"]).sum())
         lines += [f"Turns that restored a checkpoint their previous turn crossed (position-linked: the engine does "
@@ -93,7 +94,7 @@ def render_summary(results: RunResults, report_path: str = "report.html") -> str
                 "cache_hit_tokens", "checkpoint_evictions", "kv_evicted_pages", "cells_crossed", "cells_restored",
                 "output_tok_s", "e2e_p50_ms", "accept_length_mean"]
         lines += ["## Sweep points", "", _md_table(configs[cols]), ""]
-    bad = df[df["class"].isin(["hard", "drift", "error"])].head(10) if len(df) else df
+    bad = df[gated & df["class"].isin(["hard", "drift", "error"])].head(10) if len(df) else df
     if len(bad):
         lines += ["## First failing requests", ""]
         lines += [f"- {code_span(str(r['key']))}: {md_inline(case_text(r))}" for r in bad.to_dict("records")]
