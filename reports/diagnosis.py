@@ -75,7 +75,7 @@ class NoiseFloor:
 
 def noise_floor(df: pd.DataFrame, tolerance: float) -> NoiseFloor:
     """The observed floor of a requests frame."""
-    answered = df[df["class"] != "error"] if len(df) else df
+    answered = df.loc[df["class"] != "error", ["oracle", "cached_tokens", "drift"]] if len(df) else df
     unmeasured = int((answered["oracle"] == "margin").sum()) if len(answered) else 0
     cold = answered[(answered["cached_tokens"] == 0) & answered["drift"].notna()] if len(answered) else answered
     if not len(cold):
