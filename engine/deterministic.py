@@ -23,10 +23,14 @@ its own state rounded to the pools' dtypes, exactly as a decode step of that req
 Every linear, norm, the LM head and the attention then run with the shapes of a lone decode step
 (attention over exactly the keys 0..p, in one fixed reduction order), and a tensor-parallel
 all-reduce always reduces one token's row. A token's bits are a function of its sequence alone.
-The cost is one model forward per token (docs/engine.md, benchmarks/deterministic_cost.py).
+The cost is one model forward per token (docs/engine.md, benchmarks/deterministic_cost.py), so one
+engine step (a long prompt's prefill) can take many seconds; each token calls `progress` (the server's
+engine loop heartbeat), so that a step making progress is never taken for a stalled loop.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -39,6 +43,7 @@ class TokenByToken:
     def __init__(self, runner):
         self.r = runner
         self._scratch: ModelCaches | None = None
+        self.progress: Callable[[], None] | None = None  # called after every token (engine/server/async_engine.py)
 
     def _step(self, token: int, pos: int, pages: list[int], slot: int, caches: ModelCaches):
         """One token of one sequence at `pos` through the model, its state in `caches` slot `slot` advancing.
@@ -46,6 +51,8 @@ class TokenByToken:
         r = self.r
         fb = r._fb([pos], 1, [pages], [slot], verify=False)
         hidden, aux = r.model(torch.tensor([[token]], device=r.device), fb, caches)
+        if self.progress is not None:
+            self.progress()
         return hidden, aux, fb
 
     def extend(self, tokens: list[int], start: int, pages: list[int], slot: int, track_slot: int,

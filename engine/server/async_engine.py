@@ -81,6 +81,9 @@ class AsyncEngine:
         self._death_callbacks: list[Callable[[str], None]] = []
         self.health_error: str | None = None
         self.heartbeat = Heartbeat()
+        by_token = getattr(getattr(self.engine, "runner", None), "token_by_token", None)
+        if by_token is not None:  # deterministic mode: a step is a forward per token, each a sign of life
+            by_token.progress = self.heartbeat.beat
         self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
         self._thread.start()
         watch(lambda: self._stop, self.heartbeat.silent_for, watchdog_timeout,

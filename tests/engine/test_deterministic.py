@@ -139,3 +139,22 @@ def test_states_do_not_depend_on_where_the_scan_was_cut(dtype):
     logits = r.verify([ids[92:]], [92], [pages], [3])
     fb, _ = r._last_verify
     assert same((fb.rec_inter[:, 0, -1], fb.conv_inter[:, 0, -1]), cold_end) and logits[0, -1].equal(cold_logits)
+
+
+def test_every_token_of_a_step_is_a_sign_of_life_to_the_server():
+    """A deterministic step is a forward per token (a long prompt's prefill: many seconds on a busy CPU): each
+    token beats the server's heartbeat, so that the watchdog never takes a step that is making progress for a
+    stalled engine loop."""
+    from engine.server.async_engine import AsyncEngine
+
+    engine = det_engine("float32", 0)
+    beats = []
+    engine.runner.token_by_token.progress = lambda: beats.append(1)
+    engine.generate([req("long", list(range(1, 101)), 3)])
+    assert len(beats) >= 100 + 2  # the prompt's tokens, then a decode step per output but the first
+    served = AsyncEngine(engine.cfg, engine=engine)
+    try:
+        assert engine.runner.token_by_token.progress == served.heartbeat.beat
+    finally:
+        served.shutdown()
+    assert make_engine().runner.token_by_token is None  # the default mode has no per-token hook
