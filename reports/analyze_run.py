@@ -192,6 +192,9 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
     spill = Spill()
     try:
         index = _Index(reader, store)
+        stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
+                 for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
+        index.seen.first.clear()  # every key met: what the token pass needs of it is in `earlier`
         prompts = store.prompt_index()  # numbers the prompt files: before the sources are handed on
         view = View(list(store.sources), index.refs, prompts, index.in_len, index.seq_lens, index.seen.earlier)
         stems = [s for s in index.stems if index.counts[s]]
@@ -205,8 +208,6 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         else:
             for stem, start in zip(stems, starts, strict=True):
                 total.merge(token_pass(run_dir, [stem], int(start), view, *args, spill=spill))
-        stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
-                 for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
         digests, has_input = total.digests, total.has_input
 
         def on_path(i: int, j: int, length: int) -> bool:
@@ -222,6 +223,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
 
         df = frames_joined(total.chunks, total.links.links(crossings, on_path))
         digests.clear()
+        has_input.clear()
         shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
         latency = pd.concat(total.latency, ignore_index=True) if total.latency else request_latency([])
         return AnalyzedRun(df, latency=latency, run_id=total.run_id, cache_lost=total.lost, stats=stats,
