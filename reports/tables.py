@@ -223,7 +223,8 @@ def write_tables(df: pd.DataFrame, run_dir: str | Path, stats: list[dict] | None
 
 
 def write_requests(df: pd.DataFrame, path: Path) -> None:
-    """requests.csv (requests_table, csv_safe), written ROWS rows at a time: the table is a copy of the frame."""
+    """requests.csv (requests_table, csv_safe), written ROWS rows at a time: the whole table at once would be a
+    copy of the frame."""
     with open(path, "w", encoding="utf-8", newline="") as f:
         for start in range(0, max(len(df), 1), ROWS):
             csv_safe(requests_table(df.iloc[start:start + ROWS])).to_csv(f, index=False, header=not start,
