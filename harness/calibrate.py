@@ -169,10 +169,9 @@ def _rows(run: AnalyzedRun) -> list[dict]:
 
 def with_restore_tolerance(cal: Calibration, run: AnalyzedRun) -> Calibration:
     """`cal` with the restore tolerance of its controls' restored turns in `run` (their first output token's
-    drift, `run.facts.first_drift`)."""
-    drifts = [run.facts.first_drift.get(r["key"]) for r in _rows(run)
-              if r["pool"] in cal.controls and (r["cached_tokens"] or 0) > 0 and not r["error"]]
-    drifts = [d for d in drifts if d is not None]
+    drift, `run.facts`)."""
+    rows = [r for r in _rows(run) if r["pool"] in cal.controls and (r["cached_tokens"] or 0) > 0 and not r["error"]]
+    drifts = [d for d in run.facts.first_drifts([r["key"] for r in rows]) if d is not None]
     if not drifts:
         return cal
     return replace(cal, restore_tolerance=max(DRIFT_FLOOR, DRIFT_FACTOR * max(drifts)))
@@ -180,9 +179,9 @@ def with_restore_tolerance(cal: Calibration, run: AnalyzedRun) -> Calibration:
 
 def with_window_limits(cal: Calibration, run: AnalyzedRun) -> Calibration:
     """`cal` with the restore window's limits from its controls' compared windows in `run` (their restored turns'
-    `run.facts.window`); with --drift-tolerance the user's tolerance, no envelope. Unchanged without any."""
-    facts = [f for r in _rows(run) if r["pool"] in cal.controls
-             and isinstance(f := run.facts.window.get(r["key"]), WindowFact)]
+    `run.facts`); with --drift-tolerance the user's tolerance, no envelope. Unchanged without any."""
+    keys = [r["key"] for r in _rows(run) if r["pool"] in cal.controls]
+    facts = [f for f in run.facts.windows(keys) if isinstance(f, WindowFact)]
     if not facts:
         return cal
     if cal.tolerance_source != "calibrated":
@@ -196,8 +195,8 @@ def ladder_sums_by_pool(pools: set[str], run: AnalyzedRun) -> dict[str, list[tup
     """Per pool of `pools`: the ladder sums (reports/envelope.py) of its answered records in `run` (analyzed
     with those pools among its `ladder_pools`), in record order."""
     out: dict[str, list[tuple[float, ...]]] = {p: [] for p in pools}
-    for r in _rows(run):
-        sums = run.facts.ladders.get(r["key"]) if r["pool"] in out else None
+    rows = [r for r in _rows(run) if r["pool"] in out]
+    for r, sums in zip(rows, run.facts.ladders([r["key"] for r in rows]), strict=True):
         if sums is not None:
             out[r["pool"]].append(sums)
     return out

@@ -22,6 +22,7 @@ from reports.analyze import (
 from reports.analyze_trace import accepted_of, crossings_of
 from reports.facts import TokenFacts, accepted_tokens, first_token_drift
 from reports.oracle_vec import Side, _list, classify_batch
+from reports.window import window_fact
 
 TOKENS = stored_columns(["role", "input_hash", "input_ids", "output_ids", "output_logprobs", "output_top_logprobs",
                          "spec_trace"])
@@ -57,7 +58,7 @@ def _references(tb, recs, index, store):
     return found.take(pa.array(pos, pa.int64())).combine_chunks(), has_ref
 
 
-def batch_rows(tb, ks, recs, index, store, prompts, per_pool, default, cols, digests, has_input, facts, spill,
+def batch_rows(tb, ks, recs, index, store, prompts, per_pool, default, cols, digests, facts, spill,
                ladder_pools=None) -> None:
     """Append the frame rows of candidate rows `tb` (global rows `ks`, their scalar fields `recs`) to `cols`,
     their TokenFacts to `facts` (reports/facts.py; ladder sums for the pools `ladder_pools(pool)` names) and their
@@ -88,9 +89,10 @@ def batch_rows(tb, ks, recs, index, store, prompts, per_pool, default, cols, dig
     reported = crossings_of(tb.column("spec_trace"), intervals)
     _facts(tb, recs, cand, rside, has_ref, cand.irregular | rside.irregular, extras, fallback, facts)
     if ladder_pools is not None:  # from record dicts of the row: each token list read once more, only for these
+        first = len(facts) - n  # the batch's first row in `facts`
         for i, rec in enumerate(recs):
             if ladder_pools(str(rec.get("pool"))):
-                facts.add_ladder(rec["key"], *fallback(i))
+                facts.add_ladder(first + i, *fallback(i))
     inputs = _inputs(tb, ks, recs, over, index, store, prompts)
     for i, k in enumerate(ks):
         rec, ids = recs[i], inputs.get(i)
@@ -99,14 +101,16 @@ def batch_rows(tb, ks, recs, index, store, prompts, per_pool, default, cols, dig
         spill.add(k, ids, out_ids, rec)
         output_len = len(out_ids or []) if not isinstance(out_ids, np.ndarray) else len(out_ids)
         input_len = int(rec.get("input_len") or (len(ids) if ids is not None else 0))
-        if k in index.in_len or k in index.seq_lens:
-            has_input[k] = ids is not None and len(ids) > 0
-            if k in index.in_len:
-                digests[(k, -index.in_len[k])] = digest(ids[:index.in_len[k]] if ids is not None else [])
+        in_len, seq_lens = index.in_len.get(k), index.seq_lens.get(k)
+        if in_len or seq_lens:
+            if ids is None or not len(ids):
+                digests.no_input.add(k)
+            for length in in_len:
+                digests.add(k, -length, digest(ids[:length] if ids is not None else []))
             seq = np.concatenate([np.asarray(ids if ids is not None else [], np.int64),
                                   np.asarray(out_ids if out_ids is not None else [], np.int64)])
-            for length in index.seq_lens.get(k, ()):
-                digests[(k, length)] = digest(seq[:length])
+            for length in seq_lens:
+                digests.add(k, length, digest(seq[:length]))
         interval = intervals[i]
         if interval is None:
             xs, source = [], "none"
@@ -130,29 +134,26 @@ def batch_rows(tb, ks, recs, index, store, prompts, per_pool, default, cols, dig
 
 def _facts(tb, recs, cand, rside, has_ref, irregular, extras, fallback, facts: TokenFacts) -> None:
     """The batch's TokenFacts: first-token drift from the flat arrays (rows the array path cannot read exactly,
-    from their record dicts), accepted draft tokens from spec_trace (reports/analyze_trace.py)."""
+    from their record dicts), accepted draft tokens from spec_trace (reports/analyze_trace.py), the restore
+    window from the probe's fields (they have no columns of their own)."""
     n = len(recs)
     odd = irregular | np.array([bool(set(e) & {*_TOKEN_FIELDS, "spec_trace"}) for e in extras], dtype=bool)
     ok = ~odd & has_ref & (cand.ids_len > 0) & (cand.lp_len > 0) & (rside.ids_len > 0) & (rside.lp_len > 0)
+    drift: list[float | None] = [None] * n
     if ok.any():
         c_id, r_id = cand.ids[np.where(ok, cand.ids_start, 0)], rside.ids[np.where(ok, rside.ids_start, 0)]
         c_lp, r_lp = cand.lp[np.where(ok, cand.lp_start, 0)], rside.lp[np.where(ok, rside.lp_start, 0)]
         ok &= (c_id == r_id) & ~np.isnan(c_lp) & ~np.isnan(r_lp)
-        drift = np.abs(c_lp - r_lp)
+        values = np.abs(c_lp - r_lp)
         for i in np.flatnonzero(ok).tolist():
-            facts.first_drift[recs[i]["key"]] = float(drift[i])
+            drift[i] = float(values[i])
     accepted = accepted_of(tb.column("spec_trace"))
     for i in range(n):
-        key = recs[i]["key"]
         if odd[i]:
-            c, r = fallback(i)
-            d = first_token_drift(c, r)
-            if d is not None:
-                facts.first_drift[key] = d
+            drift[i] = first_token_drift(*fallback(i))
             if "spec_trace" in extras[i]:
                 accepted[i] = accepted_tokens(extras[i]["spec_trace"])
-        facts.accepted[key] = accepted[i]
-        facts.add_window(key, extras[i])  # the probe's fields have no columns of their own
+        facts.add(recs[i]["key"], drift[i], accepted[i], window_fact(extras[i]))
 
 
 def _inputs(tb, ks, recs, over, index, store, prompts) -> dict[int, object]:

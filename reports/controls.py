@@ -25,11 +25,13 @@ the pool restored or shares; the caller (reports/render.py `judge`) takes those 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 
+import numpy as np
 import pandas as pd
 
-from reports.frame_rows import records
+from reports.facts import TokenFacts
 from reports.oracle import FLAGGED
 
 BASELINE_POOL = "baseline"
@@ -121,14 +123,13 @@ def _unshared_line(pool: str, g: pd.DataFrame, cal: Mapping) -> str:
 
 
 def path_numerics_lines(df: pd.DataFrame, mask: pd.Series, tolerances: dict[str, float],
-                        first_drift: Mapping[str, float] | None = None,
+                        facts: TokenFacts | None = None,
                         unshared: Mapping[str, Mapping] | None = None) -> list[str]:
-    """Per pool: the path-numerics rows and their evidence (the first output token's drift, `first_drift`: key ->
-    drift, reports/facts.py; the turn's largest; the flips that followed; for `unshared` pools, unshared_pools'
+    """Per pool: the path-numerics rows and their evidence (the first output token's drift, from `facts`,
+    reports/facts.py; the turn's largest; the flips that followed; for `unshared` pools, unshared_pools'
     entries, what made every flag path numerics), and what to do instead of raising the tolerance."""
     unshared = unshared or {}
     out = []
-    first_drift = first_drift or {}
     for pool, g in df[mask].groupby("pool", sort=True):
         if str(pool) in unshared:
             out.append(_unshared_line(str(pool), g, unshared[str(pool)]))
@@ -136,7 +137,8 @@ def path_numerics_lines(df: pd.DataFrame, mask: pd.Series, tolerances: dict[str,
         restored = int(g["restored"].sum())
         flipped = int((g["class"] == "hard").sum())
         tol = tolerances.get(str(pool))
-        firsts = [first_drift[k] for k in map(str, g["key"]) if k in first_drift] if "key" in g else []
+        firsts = [d for d in facts.first_drifts(g["key"]) if d is not None] if facts is not None and "key" in g \
+            else []
         first_text = f"first-token drift up to {max(firsts):.3g}, " if firsts else ""
         tol_text = f"; the calibrated tolerance {tol:.3g}" if tol is not None else ""
         verify = g["spec_verify_ct"].dropna()
@@ -153,29 +155,29 @@ def path_numerics_lines(df: pd.DataFrame, mask: pd.Series, tolerances: dict[str,
     return out
 
 
-def restore_onsets(df: pd.DataFrame, first_drift: Mapping[str, float], tolerances: dict[str, float]) -> pd.Series:
+def restore_onsets(df: pd.DataFrame, facts: TokenFacts, tolerances: dict[str, float]) -> pd.Series:
     """Restored rows judged exact whose first output token moved past their pool's restore tolerance (the
     calibration's: 4 x the largest first-token drift of the controls' restored turns): the restore's own effect,
-    hidden in a whole-turn tolerance sized for verify numerics. `first_drift`: key -> the first output token's
-    drift (reports/facts.py). A boolean Series on df's index."""
-    if not len(df) or not tolerances:
-        return pd.Series(False, index=df.index)
-    out = []
-    for row in records(df, ["key", "pool", "class", "restored"]):
-        tol = tolerances.get(str(row["pool"]))
-        d = first_drift.get(row["key"]) if row["restored"] else None
-        out.append(bool(tol is not None and row["class"] == "exact" and d is not None and d > tol))
+    hidden in a whole-turn tolerance sized for verify numerics. `facts`: the first output token's drift per
+    candidate (reports/facts.py). A boolean Series on df's index."""
+    out = np.zeros(len(df), dtype=bool)
+    if len(df) and tolerances:
+        mask = (df["restored"].astype(bool) & (df["class"] == "exact")).to_numpy(dtype=bool)
+        if mask.any():
+            rows = df[mask]
+            tol = rows["pool"].astype(str).map(tolerances).to_numpy(dtype=float)  # NaN: no tolerance
+            drift = np.array([math.nan if d is None else d for d in facts.first_drifts(rows["key"])], dtype=float)
+            out[mask] = drift > tol  # NaN on either side: False
     return pd.Series(out, index=df.index)
 
 
 RESTORE_ONSET_DETAIL = "first output token moved at the restore"
 
 
-def with_restore_onsets(df: pd.DataFrame, first_drift: Mapping[str, float], tolerances: dict[str, float]
-                        ) -> pd.DataFrame:
+def with_restore_onsets(df: pd.DataFrame, facts: TokenFacts, tolerances: dict[str, float]) -> pd.DataFrame:
     """`df` with its restore-onset rows (restore_onsets) as drift, detail RESTORE_ONSET_DETAIL: the restore moved
     the first token, whatever the turn's tolerance. Idempotent (those rows are no longer `exact`)."""
-    onset = restore_onsets(df, first_drift, tolerances)
+    onset = restore_onsets(df, facts, tolerances)
     if not onset.any():
         return df
     return df.assign(**{"class": df["class"].where(~onset, "drift"),

@@ -66,7 +66,7 @@ def server_acceptance(counters: Mapping) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _pool_findings(pool: str, g: pd.DataFrame, accepted_by_key: Mapping[str, int | None], min_coverage: float,
+def _pool_findings(pool: str, g: pd.DataFrame, facts: TokenFacts, min_coverage: float,
                    counted: tuple[int, int] | None = None) -> list[Unexercised]:
     answered = g[g["class"] != "error"]
     if not len(answered):
@@ -80,7 +80,7 @@ def _pool_findings(pool: str, g: pd.DataFrame, accepted_by_key: Mapping[str, int
                                "--max-state-slots) and use a suite with multi-turn sessions (--suite frozen)"))
     if variant not in SPECULATIVE:
         return out
-    counts = [accepted_by_key.get(k) for k in answered["key"]]
+    counts = facts.accepted(answered["key"])
     if any(n is not None for n in counts):
         accepted = sum(n for n in counts if n is not None)
     else:
@@ -128,5 +128,5 @@ def unexercised(df: pd.DataFrame, facts: TokenFacts, min_coverage: float,
     the records' verify counts, else from `counted` (server_acceptance: the servers' counters per pool)."""
     out = []
     for pool, g in df.groupby("pool", sort=True):
-        out += _pool_findings(str(pool), g, facts.accepted, min_coverage, (counted or {}).get(str(pool)))
+        out += _pool_findings(str(pool), g, facts, min_coverage, (counted or {}).get(str(pool)))
     return out

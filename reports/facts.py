@@ -3,16 +3,26 @@
 The gate's checks past the oracle read two things from the records' token lists: the drift of a restored turn's
 first output token (reports/controls.py, restore onsets) and the draft tokens a pool accepted (reports/
 exercised.py, from `spec_trace`); a calibration (harness/calibrate.py) also reads its controls' drift summed over
-their first outputs (reports/envelope.py, `ladder_sums`). `TokenFacts` holds those per candidate key, so that a
-report can be judged and a run calibrated without holding any record: the streamed analyzer (reports/
-analyze_run.py) fills it batch by batch, and `TokenFacts.of(records, references)` gives the same values from
-record dicts.
+their first outputs (reports/envelope.py, `ladder_sums`), and the restore window check (reports/window.py) each
+probed turn's window. `TokenFacts` holds those per candidate, so that a report can be judged and a run calibrated
+without holding any record: the streamed analyzer (reports/analyze_run.py) fills it batch by batch, and
+`TokenFacts.of(records, references)` gives the same values from record dicts.
+
+A run of a million candidates holds them all at once, so they are columns in candidate order (the frame's), not
+dicts: a float per candidate, an integer, the window differences in one flat float32 array, the keys as Arrow
+text. A reader asks for the values of a column of keys at once (`first_drifts(df["key"])`), looked up through an
+Arrow hash of the keys.
 """
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from reports.envelope import ladder_sums
 from reports.oracle import compared_drifts
@@ -41,29 +51,157 @@ def accepted_tokens(trace: Iterable | None) -> int | None:
     return sum(max(0, int(e[1]) - 1) for e in trace) if trace else 0
 
 
-@dataclass
+_KEYS_AT_ONCE = 8192  # keys gathered as Python text before they become one Arrow chunk
+
+
 class TokenFacts:
-    """Per candidate key: its first output token's drift (where first_token_drift has one) and the draft tokens
-    it accepted (None: no spec_trace)."""
+    """Per candidate, in the order they were added (the frame's): its key, its first output token's drift
+    (first_token_drift; None: not compared), the draft tokens it accepted (None: no spec_trace), its restore
+    window (reports/window.py: a WindowFact, why a probed turn's window was not compared, or None: not probed)
+    and, for the pools a calibration asked for, its ladder sums (`add_ladder`)."""
 
-    first_drift: dict[str, float] = field(default_factory=dict)
-    accepted: dict[str, int | None] = field(default_factory=dict)
-    # of the pools asked for (`ladder_pools`), each answered candidate with an answered reference: the ladder
-    # sums of the drifts the oracle compares (reports.envelope.ladder_sums of reports.oracle.compared_drifts)
-    ladders: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    # each probed restored turn: its compared restore window, or why it was not compared (reports/window.py)
-    window: dict[str, WindowFact | str] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self._chunks: list[pa.Array] = []
+        self._pending: list[str] = []
+        self._drift = array("d")  # NaN: none
+        self._accepted = array("q")  # -1: none
+        self._win_row, self._win_start, self._win_end = array("q"), array("q"), array("q")  # end: into _diffs
+        self._diffs = array("f")
+        self._win_reason: dict[int, str] = {}  # row -> why its window was not compared
+        self._ladders: dict[int, tuple[float, ...]] = {}  # row -> ladder sums
 
-    def add_window(self, key: str, rec: Mapping) -> None:
-        """The restore window of `rec` (a candidate record, or its `_extra` fields), if it was probed."""
-        fact = window_fact(rec)
-        if fact is not None:
-            self.window[key] = fact
+    def __len__(self) -> int:
+        return len(self._drift)
 
-    def add_ladder(self, key: str, cand: dict, ref: dict | None) -> None:
-        """The ladder sums of `cand` (a record of an asked-for pool) against `ref`, if both answered."""
+    def add(self, key: str, drift: float | None, accepted: int | None, window: WindowFact | str | None = None
+            ) -> int:
+        """Append a candidate's facts; its row."""
+        row = len(self._drift)
+        self._pending.append(key)
+        if len(self._pending) >= _KEYS_AT_ONCE:
+            self._flush()
+        self._drift.append(math.nan if drift is None else float(drift))
+        self._accepted.append(-1 if accepted is None else int(accepted))
+        if isinstance(window, str):
+            self._win_reason[row] = window
+        elif window is not None:
+            self._win_row.append(row)
+            self._win_start.append(window.start)
+            self._diffs.extend(window.diffs.tolist())  # float32 values: stored exactly
+            self._win_end.append(len(self._diffs))
+        return row
+
+    def add_ladder(self, row: int, cand: dict, ref: dict | None) -> None:
+        """The ladder sums of row's candidate `cand` (a record of an asked-for pool) against `ref`, if both
+        answered."""
         if not cand.get("error") and ref is not None and not ref.get("error"):
-            self.ladders[key] = ladder_sums(compared_drifts(cand, ref))
+            self._ladders[row] = ladder_sums(compared_drifts(cand, ref))
+
+    def extend(self, other: TokenFacts) -> None:
+        """Append another's candidates (they follow this one's)."""
+        base = len(self)
+        self._flush()
+        other._flush()
+        self._chunks += other._chunks
+        self._drift.extend(other._drift)
+        self._accepted.extend(other._accepted)
+        self._win_row.extend(r + base for r in other._win_row)
+        self._win_start.extend(other._win_start)
+        self._win_end.extend(e + len(self._diffs) for e in other._win_end)
+        self._diffs.extend(other._diffs)
+        self._win_reason.update({r + base: v for r, v in other._win_reason.items()})
+        self._ladders.update({r + base: v for r, v in other._ladders.items()})
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._chunks.append(pa.array(self._pending, pa.string()))
+            self._pending = []
+
+    def rows(self, keys) -> np.ndarray:
+        """The row of each key (a Series, Arrow array or iterable of text); -1 where none."""
+        self._flush()
+        if not isinstance(keys, (pa.Array, pa.ChunkedArray)):
+            keys = pa.array(keys if hasattr(keys, "__arrow_array__") else list(keys), pa.string())
+        if not len(keys) or not self._chunks:
+            return np.full(len(keys), -1, dtype=np.int64)
+        found = pc.index_in(keys.cast(pa.string()), value_set=pa.chunked_array(self._chunks, pa.string()))
+        return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def first_drifts(self, keys) -> list[float | None]:
+        """Each key's first-token drift (None: none)."""
+        drift = self._drift
+        return [None if r < 0 or math.isnan(d := drift[r]) else d for r in self.rows(keys).tolist()]
+
+    def accepted(self, keys) -> list[int | None]:
+        """Each key's accepted draft tokens (None: no spec_trace, or not a candidate here)."""
+        return [None if r < 0 or (n := self._accepted[r]) < 0 else n for r in self.rows(keys).tolist()]
+
+    def windows(self, keys) -> list[WindowFact | str | None]:
+        """Each key's restore window: a WindowFact, why it was not compared, or None (not probed)."""
+        return self.windows_at(self.rows(keys))
+
+    def probed(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row (of `rows`) has a restore window, compared or not."""
+        return np.isin(rows, np.array(self._win_row, dtype=np.int64)) | \
+            np.isin(rows, np.fromiter(self._win_reason, dtype=np.int64, count=len(self._win_reason)))
+
+    def windows_at(self, rows: np.ndarray) -> list[WindowFact | str | None]:
+        """The restore window of each row (-1: None)."""
+        win_row = np.array(self._win_row, dtype=np.int64)
+        at = np.searchsorted(win_row, rows)
+        out: list[WindowFact | str | None] = []
+        for r, i in zip(rows.tolist(), at.tolist(), strict=True):
+            if r < 0:
+                out.append(None)
+            elif i < len(win_row) and self._win_row[i] == r:
+                start = self._win_end[i - 1] if i else 0
+                out.append(WindowFact(self._win_start[i], np.array(self._diffs[start:self._win_end[i]], np.float32)))
+            else:
+                out.append(self._win_reason.get(r))
+        return out
+
+    def ladders(self, keys) -> list[tuple[float, ...] | None]:
+        """Each key's ladder sums (None: its pool was not asked for, or it or its reference failed)."""
+        return [self._ladders.get(r) if r >= 0 else None for r in self.rows(keys).tolist()]
+
+    def keys(self) -> list[str]:
+        """Every candidate's key, in row order."""
+        self._flush()
+        return [k for c in self._chunks for k in c.to_pylist()]
+
+    def by_key(self) -> dict[str, dict]:
+        """Every candidate's facts as dicts per fact, keyed by key (first_drift, accepted, window, ladders: only
+        the candidates that have one); for small runs and tests: the verdict reads the columns."""
+        keys = self.keys()
+        windows = self.windows(keys)
+        return {"first_drift": {k: d for k, d in zip(keys, self.first_drifts(keys), strict=True) if d is not None},
+                "accepted": dict(zip(keys, self.accepted(keys), strict=True)),
+                "window": {k: w for k, w in zip(keys, windows, strict=True) if w is not None},
+                "ladders": {keys[r]: v for r, v in self._ladders.items()}}
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TokenFacts):
+            return NotImplemented
+        a, b = self.by_key(), other.by_key()
+        same_windows = a["window"].keys() == b["window"].keys() and all(
+            w == v if isinstance(w, str) or isinstance(v, str) else (w.start == v.start and np.array_equal(w.diffs,
+                                                                                                          v.diffs))
+            for w, v in ((a["window"][k], b["window"][k]) for k in a["window"]))
+        return (self.keys() == other.keys() and same_windows
+                and all(a[f] == b[f] for f in ("first_drift", "accepted", "ladders")))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def from_maps(cls, first_drift: Mapping[str, float] | None = None, accepted: Mapping[str, int | None] | None = None,
+                  window: Mapping[str, WindowFact | str] | None = None) -> TokenFacts:
+        """Facts given per key (every key any of the maps names is a candidate; what a map leaves out, it has
+        none of)."""
+        first_drift, accepted, window = first_drift or {}, accepted or {}, window or {}
+        facts = cls()
+        for key in dict.fromkeys([*first_drift, *accepted, *window]):
+            facts.add(key, first_drift.get(key), accepted.get(key), window.get(key))
+        return facts
 
     @classmethod
     def of(cls, records: Mapping[str, dict], references: Mapping[str, dict] | None = None,
@@ -74,11 +212,8 @@ class TokenFacts:
         facts = cls()
         for key, rec in records.items():
             ref = references.get(str(rec.get("input_hash")))
-            d = first_token_drift(rec, ref)
-            if d is not None:
-                facts.first_drift[key] = d
-            facts.accepted[key] = accepted_tokens(rec.get("spec_trace"))
-            facts.add_window(key, rec)
+            row = facts.add(key, first_token_drift(rec, ref), accepted_tokens(rec.get("spec_trace")),
+                            window_fact(rec))
             if ladder_pools is not None and ladder_pools(str(rec.get("pool"))):
-                facts.add_ladder(key, rec, ref)
+                facts.add_ladder(row, rec, ref)
         return facts

@@ -131,10 +131,10 @@ def judge(df, facts: TokenFacts, thresholds: GateThresholds, calibrated: bool,
     lines = []
     if mask.any():
         lines = path_numerics_lines(gated, mask, {p: limits[1] for p, limits in (per_pool or {}).items()},
-                                    facts.first_drift, unshared)
+                                    facts, unshared)
         gated = gated.assign(**{"class": gated["class"].where(~mask, "path_numerics")})
     if calibrated:  # the restore moved the first token: drift, whatever the turn's tolerance
-        gated = with_restore_onsets(gated, facts.first_drift, restore_tolerances or {})
+        gated = with_restore_onsets(gated, facts, restore_tolerances or {})
     found = unexercised(gated, facts, thresholds.min_coverage, counted)
     verdict = evaluate(gated, thresholds, [u.text() for u in found] + lines, int(mask.sum()),
                        decisive_lines(gated, beyond, scales), rate_tests(gated, calibration, trusted))
@@ -213,10 +213,10 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     config["incidents"] = load_incidents(run_dir)  # replica failures, shown by reports/incidents.py
 
     # before the tables, so that requests.csv and every table count them as the verdict does
-    df = with_windows(run.df, run.facts.window, *_window_limits(config, thresholds))
+    df = with_windows(run.df, run.facts, *_window_limits(config, thresholds))
     config["windows"] = window_lines(df[~df["pool"].map(is_control)], unprobed_reason(config))
     if calibrated:
-        df = with_restore_onsets(df, run.facts.first_drift, _restore_tolerances(config))
+        df = with_restore_onsets(df, run.facts, _restore_tolerances(config))
         df = _with_paired(run_dir, df, config)
     calibration = (config.get("calibration") or {}).get("per_pool")
     if calibration and not (config.get("calibration") or {}).get("baseline_run"):

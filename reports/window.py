@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from reports.envelope import Envelope, ladder_sums
-from reports.frame_rows import records
+from reports.frame_rows import ROWS, records
 
 WINDOW_LISTS = ("window_logprobs", "window_ref_logprobs")  # the probe's token lists (harness/window.py)
 WINDOW_DETAIL = "prompt log-prob drift"  # the start of a window flag's detail
@@ -114,33 +114,45 @@ def window_flag(fact: WindowFact, limits: WindowLimits) -> tuple[int, str] | Non
 WINDOW_COLUMNS = ("window_start", "window_len", "window_drift", "window_onset_pos", "window_status")
 
 
-def with_windows(df: pd.DataFrame, facts: Mapping[str, WindowFact | str], limits: Mapping[str, WindowLimits],
-                 default: WindowLimits) -> pd.DataFrame:
+def with_windows(df: pd.DataFrame, facts, limits: Mapping[str, WindowLimits], default: WindowLimits
+                 ) -> pd.DataFrame:
     """`df` with the window columns (WINDOW_COLUMNS) and its restored rows whose window passes their pool's limits
     (`limits`, else `default`) flagged: exact becomes drift, soft becomes hard (drift before the flip), detail
     the window's (a row its outputs flagged keeps their detail); `onset_points_at` the restored checkpoint.
-    `facts`: key -> WindowFact, or why a probed turn's window was not compared. Idempotent."""
+    `facts`: the run's TokenFacts (reports/facts.py: per candidate its WindowFact, or why a probed turn's window
+    was not compared). Idempotent."""
     if not len(df):
         return df.assign(**{c: pd.Series(dtype=object) for c in WINDOW_COLUMNS})
-    cols: dict[str, list] = {c: [] for c in (*WINDOW_COLUMNS, "class", "detail", "onset_points_at")}
-    for row in records(df, ["key", "pool", "class", "detail", "onset_points_at"]):
-        fact = facts.get(str(row["key"]))
-        status, start, n, drift, onset_pos = None, None, None, None, None
-        cls, detail, points = row["class"], row["detail"], row["onset_points_at"]
-        if isinstance(fact, str):
-            status = f"not compared: {fact}"
-        elif fact is not None:
-            start, n, drift = fact.start, fact.n, fact.drift
+    cols: dict[str, list] = {c: [None] * len(df) for c in WINDOW_COLUMNS}
+    flagged: dict[str, dict[int, str]] = {"class": {}, "detail": {}, "onset_points_at": {}}  # position -> value
+    rows = facts.rows(df["key"])
+    probed = np.flatnonzero(facts.probed(rows))  # positions: the rows with a window, compared or not
+    for start in range(0, len(probed), ROWS):
+        at = probed[start:start + ROWS]
+        part = df.iloc[at]
+        for p, row, fact in zip(at.tolist(), records(part, ["pool", "class", "detail"]), facts.windows_at(rows[at]),
+                                strict=True):
+            if isinstance(fact, str):
+                cols["window_status"][p] = f"not compared: {fact}"
+                continue
+            cols["window_start"][p], cols["window_len"][p], cols["window_drift"][p] = fact.start, fact.n, fact.drift
             flag = window_flag(fact, limits.get(str(row["pool"]), default))
-            status = "compared"
+            cols["window_status"][p] = "compared"
             if flag is not None:  # the state was wrong from the restore, whatever the outputs showed later
-                status, onset_pos, points = "flagged", fact.position(flag[0]), "restored_checkpoint"
-                if cls in ("exact", "soft"):
-                    cls, detail = ("drift" if cls == "exact" else "hard"), flag[1]
-        for c, v in zip((*WINDOW_COLUMNS, "class", "detail", "onset_points_at"),
-                        (start, n, drift, onset_pos, status, cls, detail, points), strict=True):
-            cols[c].append(v)
-    return df.assign(**{c: pd.Series(v, index=df.index, dtype=object) for c, v in cols.items()})
+                cols["window_status"][p], cols["window_onset_pos"][p] = "flagged", fact.position(flag[0])
+                flagged["onset_points_at"][p] = "restored_checkpoint"
+                if row["class"] in ("exact", "soft"):
+                    flagged["class"][p] = "drift" if row["class"] == "exact" else "hard"
+                    flagged["detail"][p] = flag[1]
+    out = df.assign(**{c: pd.Series(v, index=df.index, dtype=object) for c, v in cols.items()})
+    for column, values in flagged.items():
+        if values:  # the flagged rows' values, the column's own type kept elsewhere
+            mask = np.zeros(len(df), dtype=bool)
+            mask[list(values)] = True
+            other = np.empty(len(df), dtype=object)
+            other[list(values)] = list(values.values())
+            out[column] = out[column].where(~mask, pd.Series(other, index=df.index))
+    return out
 
 
 OPENAI_UNPROBED = ("the OpenAI protocol cannot score a prompt without changing what the server caches (vLLM serves a "

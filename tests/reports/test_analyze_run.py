@@ -33,15 +33,17 @@ def same(run_dir, **kw):
     assert list(got.df["key"]) == [c["key"] for c in run.candidates]
     assert got.run_id == run.candidates[0].get("run_id")
     pd.testing.assert_frame_equal(got.latency, request_latency(run.candidates))
-    want_facts = TokenFacts.of({c["key"]: c for c in run.candidates}, run.references, lambda pool: pool != "i256")
+    want_facts = TokenFacts.of({c["key"]: c for c in run.candidates}, run.references,
+                               lambda pool: pool != "i256").by_key()
+    got_facts = got.facts.by_key()
     # journals hold log-probs as JSON floats, the streamed path reads them as stored columns (float32)
-    assert got.facts.first_drift == pytest.approx(want_facts.first_drift, rel=1e-5, abs=1e-7)
-    assert got.facts.accepted == want_facts.accepted
+    assert got_facts["first_drift"] == pytest.approx(want_facts["first_drift"], rel=1e-5, abs=1e-7)
+    assert got_facts["accepted"] == want_facts["accepted"]
     # the calibration's ladder sums, of the pools asked for only
-    assert set(got.facts.ladders) == set(want_facts.ladders)
-    assert all(c["pool"] != "i256" for c in run.candidates if c["key"] in got.facts.ladders)
-    for key, sums in want_facts.ladders.items():
-        assert got.facts.ladders[key] == pytest.approx(sums, rel=1e-5, abs=1e-6), key
+    assert set(got_facts["ladders"]) == set(want_facts["ladders"])
+    assert all(c["pool"] != "i256" for c in run.candidates if c["key"] in got_facts["ladders"])
+    for key, sums in want_facts["ladders"].items():
+        assert got_facts["ladders"][key] == pytest.approx(sums, rel=1e-5, abs=1e-6), key
     pd.testing.assert_frame_equal(got.shapes, request_shapes(run.candidates))
     return got
 
@@ -58,8 +60,9 @@ def test_synthetic_runs_analyze_the_same_streamed(tmp_path, fault, compacted):
     assert got.df["restored_link"].notna().any() and got.df["n_crossings"].sum() > 0
     restored = set(got.df.loc[got.df["restored"], "key"])
     first_same = set(got.df.loc[got.df["divergence_pos"].isna() | (got.df["first_divergence"] > 0), "key"])
-    assert restored and restored & first_same <= set(got.facts.first_drift)  # same first token: compared
-    assert sum(n or 0 for n in got.facts.accepted.values()) > 0
+    facts = got.facts.by_key()
+    assert restored and restored & first_same <= set(facts["first_drift"])  # same first token: compared
+    assert sum(n or 0 for n in facts["accepted"].values()) > 0
     assert got.shapes["shape"].notna().sum() == len(restored)
 
 

@@ -8,6 +8,7 @@ import pandas as pd
 
 from reports.controls import path_numerics
 from reports.envelope import Envelope
+from reports.facts import TokenFacts
 from reports.window import (
     WindowFact,
     WindowLimits,
@@ -70,7 +71,8 @@ def _frame() -> pd.DataFrame:
 def test_with_windows_flags_restored_turns_whose_window_moved_and_says_why_others_were_not_compared():
     moved = window_fact(probed(cand=(-1.0, -2.0), ref=(-1.0, -3.0)))
     calm = window_fact(probed(cand=(-1.0, -2.0), ref=(-1.0, -2.01)))
-    facts = {"a": moved, "b": moved, "c": moved, "d": "probe failed: reference probe: HTTP 500: x", "f": moved}
+    facts = TokenFacts.from_maps(window={"a": moved, "b": moved, "c": moved,
+                                         "d": "probe failed: reference probe: HTTP 500: x", "f": moved})
     out = with_windows(_frame(), facts, {"ctl-i128-cache": WindowLimits(5.0)}, WindowLimits(0.5))
     assert list(out["class"]) == ["drift", "hard", "hard", "exact", "exact", "exact"]
     assert out["detail"][0] == ("prompt log-prob drift 1 at prompt token 130 (2 past the restored checkpoint 128) > "
@@ -83,7 +85,7 @@ def test_with_windows_flags_restored_turns_whose_window_moved_and_says_why_other
     assert list(out["window_drift"])[:3] == [1.0, 1.0, 1.0] and out["window_len"][0] == 2
     again = with_windows(out, facts, {"ctl-i128-cache": WindowLimits(5.0)}, WindowLimits(0.5))
     assert again.equals(out)  # idempotent
-    calm_out = with_windows(_frame(), {"a": calm}, {}, WindowLimits(0.5))
+    calm_out = with_windows(_frame(), TokenFacts.from_maps(window={"a": calm}), {}, WindowLimits(0.5))
     assert calm_out["class"][0] == "exact" and calm_out["window_status"][0] == "compared"
 
 
@@ -115,5 +117,5 @@ def test_window_lines_say_per_pool_what_was_compared_and_why_not():
 
 
 def test_window_columns_are_there_even_for_an_empty_frame():
-    empty = with_windows(_frame().iloc[:0], {}, {}, WindowLimits(0.5))
+    empty = with_windows(_frame().iloc[:0], TokenFacts(), {}, WindowLimits(0.5))
     assert {"window_start", "window_len", "window_drift", "window_onset_pos", "window_status"} <= set(empty)
