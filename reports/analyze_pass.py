@@ -30,6 +30,8 @@ from reports.analyze_batch import TOKENS, batch_rows
 from reports.facts import TokenFacts
 from reports.latency import request_latency
 from reports.links import LinkIndex
+from reports.row_values import PrefixDigests, RowLengths
+from reports.seen_keys import SeenKeys
 from reports.tree_shapes import point_of, slim
 
 CHUNK_ROWS = 8192  # frame rows typed at once: a chunk of a few rows costs more than its rows (61 columns)
@@ -122,8 +124,8 @@ class View:
     sources: list[Path]
     refs: dict[str, tuple]
     prompts: dict[str, tuple]
-    in_len: dict[int, int]
-    seq_lens: dict[int, tuple[int, ...]]
+    in_len: RowLengths  # row -> (its input prefix length to digest,)
+    seq_lens: RowLengths  # row -> the lengths of its input + output prefixes to digest
     earlier: dict[str, set] = field(default_factory=dict)
 
 
@@ -136,8 +138,7 @@ class Pass:
     n: int = 0
     chunks: list[pd.DataFrame] = field(default_factory=list)
     links: LinkIndex = field(default_factory=LinkIndex)
-    digests: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (row, length) -> digest (< 0: input)
-    has_input: dict[int, bool] = field(default_factory=dict)
+    digests: PrefixDigests = field(default_factory=PrefixDigests)
     facts: TokenFacts = field(default_factory=TokenFacts)
     latency: list[pd.DataFrame] = field(default_factory=list)
     lost: Counter = field(default_factory=Counter)
@@ -152,10 +153,8 @@ class Pass:
         self.n += other.n
         self.chunks += other.chunks
         self.links.extend(other.links)
-        self.digests.update(other.digests)
-        self.has_input.update(other.has_input)
-        for name in ("first_drift", "accepted", "ladders", "window"):
-            getattr(self.facts, name).update(getattr(other.facts, name))
+        self.digests.extend(other.digests)
+        self.facts.extend(other.facts)
         self.latency += other.latency
         self.lost.update(other.lost)
         for point, rows in other.groups.items():
@@ -180,7 +179,11 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
     read = list(dict.fromkeys([*TOKENS, *scalar_columns]))
     try:
         for stem in stems:
-            seen = set(view.earlier.get(stem, ()))
+            seen = SeenKeys()  # the keys an earlier stem held, then this stem's
+            seen.stem = ""
+            for key in view.earlier.get(stem, ()):
+                seen.add(key)
+            seen.stem = stem
             for batch, _, _, _ in store.scan(stem, read, seen):
                 roles = batch.column("role").to_pylist()
                 mine = np.array([r == "candidate" for r in roles], dtype=bool)
@@ -191,8 +194,8 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
                 recs = [scalars(data, i) for i in range(tb.num_rows)]
                 ks = list(range(k, k + tb.num_rows))
                 k += tb.num_rows
-                batch_rows(tb, ks, recs, view, store, view.prompts, per_pool, limits, cols, out.digests,
-                           out.has_input, out.facts, out.spill, ladder_pools)
+                batch_rows(tb, ks, recs, view, store, view.prompts, per_pool, limits, cols, out.digests, out.facts,
+                           out.spill, ladder_pools)
                 latency.append(request_latency(recs))
                 if len(cols["key"]) >= CHUNK_ROWS:
                     out.links.add(cols)

@@ -22,6 +22,7 @@ most `budget` bytes of row groups, one batch's records and one sweep point's spi
 from __future__ import annotations
 
 import json
+from array import array
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ from reports.crossing_cells import crossing_list
 from reports.facts import TokenFacts
 from reports.latency import request_latency
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
+from reports.row_values import RowLengths
+from reports.seen_keys import SeenKeys
 from reports.tree_shapes import shapes_of_points
 from reports.window import WINDOW_LISTS
 
@@ -115,36 +118,18 @@ def _field(data: dict[str, list], i: int, name: str):
     return None if name in (data["_absent"][i] or ()) else data[name][i]
 
 
-class _Seen:
-    """The keys the index pass met, each with the stem it first met it in; `earlier[stem]`: the keys a stem held
-    that an earlier stem had (RunReader drops them there as duplicates)."""
-
-    def __init__(self) -> None:
-        self.first: dict = {}
-        self.stem = ""
-        self.earlier: dict[str, set] = {}
-
-    def __contains__(self, key) -> bool:
-        where = self.first.get(key)
-        if where is not None and where != self.stem:
-            self.earlier.setdefault(self.stem, set()).add(key)
-        return where is not None
-
-    def add(self, key) -> None:
-        self.first[key] = self.stem
-
-
 class _Index:
     """The index pass: candidates per stem, references' places, the prefixes the links need."""
 
     def __init__(self, reader: RunReader, store: RowStore) -> None:
         self.n = 0
         self.refs: dict[str, tuple] = {}
-        self.seen = _Seen()
+        self.seen = SeenKeys()
         self.stems = [s for s in reader.stems() if L.is_request_stem(s)]
         self.counts = dict.fromkeys(self.stems, 0)  # candidates per stem
-        first: dict[tuple, int] = {}
-        links: list[tuple[int, tuple, int, int]] = []  # (row, session, turn, cached) of the restored turns
+        sessions: dict[tuple, int] = {}  # (pool, concurrency, session id) -> its number
+        turns = _Turns()  # every candidate's (session, turn) with an integer turn
+        links = _Turns()  # the restored turns: (session, turn), row, cached tokens
         for stem in self.stems:
             self.seen.stem = stem
             for batch, s, g, rows in store.scan(stem, LINKS, self.seen, spill_role="reference"):
@@ -155,23 +140,59 @@ class _Index:
                         self.n += 1
                         self.counts[stem] += 1
                         session = tuple(_field(data, i, f) for f in ("pool", "concurrency", "session_id"))
+                        sid = sessions.setdefault(session, len(sessions))
                         turn, cached = _field(data, i, "turn"), int(_field(data, i, "cached_tokens") or 0)
-                        first.setdefault((*session, turn), k)
+                        turns.add(sid, turn, k)
                         if isinstance(turn, int) and turn > 0 and cached > 0:
-                            links.append((k, session, turn, cached))
+                            links.add(sid, turn, k, cached)
                     elif role == "reference":
                         self.refs.setdefault(str(_field(data, i, "input_hash")), (s, g, int(rows[i])))
         self.seen.stem = ""
-        self.in_len: dict[int, int] = {}  # row -> length of its input prefix to digest
-        seq_lens: dict[int, set[int]] = {}
-        for k, session, turn, cached in links:
-            self.in_len[k] = cached
-            for t in range(turn):
-                j = first.get((*session, t))
-                if j is not None:
-                    seq_lens.setdefault(j, set()).add(cached)
-        # row -> lengths of its input + output prefixes to digest (a tuple: a set per row costs 216 bytes)
-        self.seq_lens: dict[int, tuple[int, ...]] = {j: tuple(lengths) for j, lengths in seq_lens.items()}
+        sessions.clear()
+        # row -> (length of its input prefix to digest,): links are in row order
+        self.in_len = RowLengths(links.row, ((c,) for c in links.cached))
+        self.seq_lens = turns.earlier_turns(links)  # row -> lengths of its input + output prefixes to digest
+
+
+class _Turns:
+    """(session number, turn, row[, cached tokens]) per candidate, as arrays; a turn that is not an integer
+    (None, text) is never an earlier turn and is left out (an integral float counts as its integer, as a dict key
+    would)."""
+
+    def __init__(self) -> None:
+        self.session, self.turn, self.row, self.cached = array("q"), array("q"), array("q"), array("q")
+
+    def add(self, session: int, turn, row: int, cached: int = 0) -> None:
+        if isinstance(turn, float) and turn.is_integer():
+            turn = int(turn)
+        if not isinstance(turn, int) or not 0 <= turn < 1 << 31:
+            return
+        self.session.append(session)
+        self.turn.append(turn)
+        self.row.append(row)
+        self.cached.append(cached)
+
+    def _codes(self) -> np.ndarray:
+        return (np.array(self.session, np.int64) << 31) | np.array(self.turn, np.int64)
+
+    def earlier_turns(self, links: _Turns) -> RowLengths:
+        """Per row: the cached token counts of the restored turns (`links`) that come after it in its session,
+        it being its session's first row with that turn."""
+        codes = self._codes()
+        order = np.argsort(codes, kind="stable")
+        unique, first = np.unique(codes[order], return_index=True)
+        first_row = np.array(self.row, np.int64)[order][first]
+        turns = np.array(links.turn, np.int64)  # each link asks for turns 0 .. turn - 1 of its session
+        at = np.repeat(np.cumsum(turns) - turns, turns)
+        want = (np.repeat(np.array(links.session, np.int64), turns) << 31) | (np.arange(int(turns.sum())) - at)
+        cached = np.repeat(np.array(links.cached, np.int64), turns)
+        pos = np.minimum(np.searchsorted(unique, want), max(len(unique) - 1, 0))
+        hit = (pos < len(unique)) & (unique[pos] == want) if len(unique) else np.zeros(len(want), bool)
+        pairs = np.unique(np.stack([first_row[pos[hit]], cached[hit]], axis=1), axis=0) if hit.any() else \
+            np.zeros((0, 2), np.int64)
+        rows, starts = np.unique(pairs[:, 0], return_index=True)
+        return RowLengths(rows.tolist(), [part.tolist() for part in np.split(pairs[:, 1], starts[1:])] if len(rows)
+                          else [])
 
 
 def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolerance: float = DRIFT_TOLERANCE,
@@ -194,7 +215,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         index = _Index(reader, store)
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
-        index.seen.first.clear()  # every key met: what the token pass needs of it is in `earlier`
+        index.seen.clear()  # every key met: what the token pass needs of it is in `earlier`
         prompts = store.prompt_index()  # numbers the prompt files: before the sources are handed on
         view = View(list(store.sources), index.refs, prompts, index.in_len, index.seq_lens, index.seen.earlier)
         stems = [s for s in index.stems if index.counts[s]]
@@ -208,10 +229,10 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         else:
             for stem, start in zip(stems, starts, strict=True):
                 total.merge(token_pass(run_dir, [stem], int(start), view, *args, spill=spill))
-        digests, has_input = total.digests, total.has_input
+        digests = total.digests
 
         def on_path(i: int, j: int, length: int) -> bool:
-            if not has_input.get(i, True) or not has_input.get(j, True):
+            if not digests.has_input(i) or not digests.has_input(j):
                 return True
             return digests[(i, -length)] == digests[(j, length)]
 
@@ -223,7 +244,6 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
 
         df = frames_joined(total.chunks, total.links.links(crossings, on_path))
         digests.clear()
-        has_input.clear()
         shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
         latency = pd.concat(total.latency, ignore_index=True) if total.latency else request_latency([])
         return AnalyzedRun(df, latency=latency, run_id=total.run_id, cache_lost=total.lost, stats=stats,
