@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from reports.crossing_cells import crossing_list
-from reports.frame_rows import records
+from reports.frame_rows import ROWS, records
 from reports.oracle import FLAGGED
 
 COVERAGE_COLUMNS = ["interval", "step", "commit_len", "crossed", "crossed_untracked", "restored",
@@ -52,19 +52,36 @@ def cell_hits(df: pd.DataFrame) -> pd.DataFrame:
     return out.drop_duplicates(subset=["key", "kind", "step", "commit_len"])
 
 
+_CELL = ["interval", "kind", "step", "commit_len"]
+
+
+def _cell_counts(df: pd.DataFrame) -> dict[tuple, tuple[int, int, int]]:
+    """(interval, kind, step, commit_len) -> (requests, untracked, flagged) of cell_hits, counted ROWS requests
+    at a time (a request's hits are all in its own slice): the hits of a whole run at once are a row per
+    crossing."""
+    parts = []
+    for start in range(0, len(df), ROWS):
+        hits = cell_hits(df.iloc[start:start + ROWS])
+        if len(hits):
+            parts.append(hits.assign(n=1).groupby(_CELL)[["n", "untracked", "flagged"]].sum())
+    if not parts:
+        return {}
+    total = pd.concat(parts).groupby(level=list(range(len(_CELL)))).sum()
+    return {key: (int(n), int(u), int(f)) for key, n, u, f in
+            zip(total.index, total["n"], total["untracked"], total["flagged"], strict=True)}
+
+
 def coverage_table(df: pd.DataFrame) -> pd.DataFrame:
     """interval x every (step, commit_len) cell of its block size: requests that crossed / restored there."""
-    hits = cell_hits(df) if len(df) else cell_hits(df.head(0))
+    counts = _cell_counts(df)
     rows = []
     for interval, block in sorted(_block_sizes(df).items()) if len(df) else []:
-        mine = hits[hits["interval"] == interval]
         for step, commit in cells(block):
-            cell = mine[(mine["step"] == step) & (mine["commit_len"] == commit)]
-            crossed, restored = cell[cell["kind"] == "crossed"], cell[cell["kind"] == "restored"]
-            rows.append({"interval": interval, "step": step, "commit_len": commit, "crossed": len(crossed),
-                         "crossed_untracked": int(crossed["untracked"].sum()), "restored": len(restored),
-                         "restored_flagged": int(restored["flagged"].sum()),
-                         "restored_untracked": int(restored["untracked"].sum())})
+            crossed = counts.get((interval, "crossed", step, commit), (0, 0, 0))
+            restored = counts.get((interval, "restored", step, commit), (0, 0, 0))
+            rows.append({"interval": interval, "step": step, "commit_len": commit, "crossed": crossed[0],
+                         "crossed_untracked": crossed[1], "restored": restored[0], "restored_flagged": restored[2],
+                         "restored_untracked": restored[1]})
     return pd.DataFrame(rows, columns=COVERAGE_COLUMNS)
 
 

@@ -102,18 +102,26 @@ def _class_counts(group: pd.DataFrame) -> dict:
     return out
 
 
+_COUNTED = ["requests", *CLASSES, "untracked", "onset_at_restore"]  # summed over a boundary cell's requests
+
+
 def boundaries_table(df: pd.DataFrame) -> pd.DataFrame:
-    """interval x boundary_kind x offset x commit_len: requests, class counts, rates, untracked crossings."""
-    att = attributions(df)
-    if att.empty:
-        return pd.DataFrame(columns=BOUNDARY_COLUMNS)
-    rows = []
+    """interval x boundary_kind x offset x commit_len: requests, class counts, rates, untracked crossings.
+    Counted ROWS requests at a time (a request's attributions are all in its own slice): the attributions of a
+    whole run at once are several rows per request."""
     keys = ["interval", "boundary_kind", "offset", "commit_len"]
-    for key, group in att.groupby(keys, dropna=False, sort=False):
-        cell = dict(zip(keys, key, strict=True))
-        rows.append({**cell, **_class_counts(group), "untracked": int(group["untracked"].sum()),
-                     "onset_at_restore": int(group["onset_at_restore"].sum())})
-    out = pd.DataFrame(rows, columns=BOUNDARY_COLUMNS)
+    parts = []
+    for start in range(0, len(df), ROWS):
+        att = attributions(df.iloc[start:start + ROWS])
+        if len(att):
+            att = att.assign(requests=1, **{c: att["class"] == c for c in CLASSES})
+            parts.append(att.groupby(keys, dropna=False, sort=False)[_COUNTED].sum().reset_index())
+    if not parts:
+        return pd.DataFrame(columns=BOUNDARY_COLUMNS)
+    out = pd.concat(parts, ignore_index=True).groupby(keys, dropna=False, sort=False)[_COUNTED].sum().reset_index()
+    for c in ("hard", "drift", "soft"):
+        out[f"{c}_rate"] = out[c] / out["requests"]
+    out = out[BOUNDARY_COLUMNS]
     out["kind_order"] = out["boundary_kind"].map({k: i for i, k in enumerate(BOUNDARY_KINDS)})
     out = out.sort_values(["interval", "kind_order", "offset", "commit_len"], na_position="first")
     out = out.drop(columns="kind_order").reset_index(drop=True)
@@ -164,8 +172,9 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates:
     blocks = df.dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
     df = df.assign(point=[_label(r) for r in records(df, ["key", "pool", "concurrency"])])
     rows = []
-    groups = df.groupby(["pool", "interval", "point"], dropna=False, sort=True)
-    for (pool, interval, label), g in sorted(groups, key=lambda kv: (str(kv[0][0]), _point_sort(kv[0][2]))):
+    # one group at a time (sorting the groups themselves would hold every one of them at once), the rows then
+    # put in the order the groups sort in (a stable sort of the groupby's own order)
+    for (pool, interval, label), g in df.groupby(["pool", "interval", "point"], dropna=False, sort=True):
         ok = g[g["class"] != "error"]
         tokens = int(ok["completion_tokens"].fillna(0).sum())
         ends = (g["t_start"] + g["e2e"]).dropna()
@@ -189,6 +198,7 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates:
         accept = pd.to_numeric(ok["spec_accept_length"], errors="coerce").dropna()
         row["accept_length_mean"] = float(accept.mean()) if len(accept) else np.nan
         rows.append(row)
+    rows.sort(key=lambda r: (str(r["pool"]), _point_sort(r["point"])))
     out = pd.DataFrame(rows, columns=CONFIG_COLUMNS)
     for col in ("interval", "concurrency"):
         out[col] = out[col].astype("Int64")

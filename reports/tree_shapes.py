@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from records.schema import sweep_point_of
 from reports.oracle import FLAGGED
@@ -163,18 +164,55 @@ def request_shapes(candidates: list[dict], ids_of: Loader = record_ids) -> pd.Da
 
 def shapes_of_points(points, ids_of: Loader = record_ids) -> pd.DataFrame:
     """request_shapes of records already grouped by point_of (an iterable of lists, in first-record order)."""
-    cols: dict[str, list] = {c: [] for c in _ROW}
+    cols = _Columns()
     for recs in points:
         _point_shapes(recs, ids_of, cols)
-    return pd.DataFrame(cols, columns=_ROW)
+    return cols.frame()
 
 
 _ROW = ["key", "interval", "concurrency", "shape", "sibling", "branch", "designed"]
 
 
-def _point_shapes(recs: list[dict], ids_of: Loader, cols: dict[str, list]) -> None:
-    """Append the shapes of one sweep point's requests on one replica to `cols` (a list per _ROW column),
-    walking them in the order they were sent."""
+class _Columns:
+    """The rows' columns as they are walked. A run's keys become Arrow text a point at a time and equal design
+    lists are one list, so that what a million rows leave behind is not a million small objects."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {c: [] for c in _ROW if c != "key"}
+        self.keys: list = []  # Arrow text per point (a list where a key is not text)
+        self.pending: list = []
+        self.designs: dict[tuple, list] = {}
+
+    def add(self, key, interval, concurrency, shape, sibling, branch, designed: list) -> None:
+        self.pending.append(key)
+        try:
+            designed = self.designs.setdefault(tuple(designed), designed)
+        except TypeError:  # a design that is not a list of names: kept as it is
+            pass
+        for c, v in zip(_ROW[1:], (interval, concurrency, shape, sibling, branch, designed), strict=True):
+            self.cols[c].append(v)
+
+    def end_point(self) -> None:
+        if self.pending:
+            text = all(k is None or isinstance(k, str) for k in self.pending)
+            self.keys.append(pa.array(self.pending, pa.string()) if text else self.pending)
+            self.pending = []
+
+    def frame(self) -> pd.DataFrame:
+        self.end_point()
+        if not self.keys:
+            return pd.DataFrame({c: [] for c in _ROW}, columns=_ROW)
+        if all(isinstance(k, pa.Array) for k in self.keys):
+            key = pd.Series(pa.chunked_array(self.keys, pa.string()), dtype="str")
+        else:  # as pandas makes a column of them
+            key = pd.Series([k for part in self.keys for k in (part.to_pylist() if isinstance(part, pa.Array)
+                                                               else part)])
+        return pd.DataFrame({"key": key, **self.cols}, columns=_ROW)
+
+
+def _point_shapes(recs: list[dict], ids_of: Loader, cols: _Columns) -> None:
+    """Append the shapes of one sweep point's requests on one replica to `cols`, walking them in the order they
+    were sent."""
     ok = [r for r in recs if r.get("error") is None and r.get("e2e") is not None]
 
     def seq(q: dict) -> np.ndarray:  # loaded when needed: a point's ids at once are most of a run's tokens
@@ -198,10 +236,9 @@ def _point_shapes(recs: list[dict], ids_of: Loader, cols: dict[str, list]) -> No
         caching = (r.get("engine") or {}).get("radix_cache") is not False
         designed = ((r.get("case") or {}).get("tree_shapes") or []) if caching else []
         turn = r.get("turn")
-        row = (r["key"], r.get("interval"), r.get("concurrency"), _shape(d, depth, splits, inside), sibling, depth,
-               list(designed[turn]) if isinstance(turn, int) and turn < len(designed) else [])
-        for c, v in zip(_ROW, row, strict=True):
-            cols[c].append(v)
+        cols.add(r["key"], r.get("interval"), r.get("concurrency"), _shape(d, depth, splits, inside), sibling, depth,
+                 list(designed[turn]) if isinstance(turn, int) and turn < len(designed) else [])
+    cols.end_point()
 
 
 def shapes_table(shapes: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
