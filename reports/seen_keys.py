@@ -22,6 +22,7 @@ class SeenKeys:
     keys a stem held that an earlier stem had (RunReader drops them there as duplicates)."""
 
     BUFFER = 1 << 16
+    key_hash = staticmethod(hash)  # the process's own str hash (a test gives one that collides)
 
     def __init__(self) -> None:
         self.stem = ""
@@ -41,7 +42,7 @@ class SeenKeys:
         if n is None:
             n = self._odd.get(key)
         if n is None and isinstance(key, str) and len(self._hash):
-            h = hash(key)
+            h = self.key_hash(key)
             i = int(np.searchsorted(self._hash, h))
             while i < len(self._hash) and self._hash[i] == h:
                 place = int(self._place[i])
@@ -75,7 +76,7 @@ class SeenKeys:
         self._chunks.append(pa.array(keys, pa.string()))
         self._starts.append(start)
         self._stem_of.extend(self._recent.values())
-        hashes = np.concatenate([self._hash, np.fromiter(map(hash, keys), np.int64, len(keys))])
+        hashes = np.concatenate([self._hash, np.fromiter(map(self.key_hash, keys), np.int64, len(keys))])
         places = np.concatenate([self._place, np.arange(start, start + len(keys), dtype=np.int64)])
         order = np.argsort(hashes, kind="stable")
         self._hash, self._place = hashes[order], places[order]

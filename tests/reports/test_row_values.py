@@ -1,0 +1,104 @@
+"""The analysis's compact per-row stores against the dicts they replace: SeenKeys (keys met, by stem), RowLengths,
+PrefixDigests, the index pass's earlier turns, and TokenFacts' columns."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from reports.analyze_run import _Turns
+from reports.facts import TokenFacts
+from reports.row_values import PrefixDigests, RowLengths
+from reports.seen_keys import SeenKeys
+from reports.window import WindowFact
+
+
+class _Colliding(SeenKeys):
+    BUFFER = 4
+    key_hash = staticmethod(lambda key: len(key) % 3)  # nearly every key shares its hash with others
+
+
+@pytest.mark.parametrize("cls", [SeenKeys, _Colliding])
+def test_seen_keys_answer_as_a_dict_of_key_to_first_stem(cls):
+    rng = random.Random(0)
+    seen, want, want_earlier = cls(), {}, {}
+    for stem in ("a", "b", "c"):
+        seen.stem = stem
+        for _ in range(300):
+            key = f"k{rng.randrange(400)}" if rng.random() < 0.9 else rng.randrange(5)  # a few keys not text
+            where = want.get(key)
+            if where is not None and where != stem:
+                want_earlier.setdefault(stem, set()).add(key)
+            assert (key in seen) == (where is not None), key
+            if where is None:
+                seen.add(key)
+                want[key] = stem
+    assert seen.earlier == want_earlier
+    seen.clear()
+    assert "k1" not in seen and seen.earlier == want_earlier
+
+
+def test_row_lengths_and_prefix_digests_find_what_was_added():
+    lengths = RowLengths.of({7: (3, 5), 2: (4,), 40: ()})
+    assert lengths.get(2) == (4,) and lengths.get(7) == (3, 5) and lengths.get(40) == () and lengths.get(8) == ()
+    assert 7 in lengths and 8 not in lengths and len(lengths) == 3
+    with pytest.raises(AssertionError):
+        RowLengths([3, 2], [(1,), (2,)])  # rows must ascend
+    d, e = PrefixDigests(), PrefixDigests()
+    d.add(1, -4, b"a" * 16)
+    d.add(1, 9, b"b" * 16)
+    e.add(5, 9, b"c" * 16)
+    e.no_input.add(5)
+    d.extend(e)
+    assert d[(1, -4)] == b"a" * 16 and d[(1, 9)] == b"b" * 16 and d[(5, 9)] == b"c" * 16
+    assert d.has_input(1) and not d.has_input(5) and d.has_input(99)
+    with pytest.raises(KeyError):
+        d[(1, 4)]
+
+
+def test_earlier_turns_are_the_first_row_of_each_turn_before_a_restore():
+    rng = random.Random(1)
+    turns, links, first, want = _Turns(), _Turns(), {}, {}
+    rows = []
+    for k in range(400):
+        session = rng.randrange(20)
+        turn = rng.choice([0, 1, 2, 3, 4, None, "x", 2.0, True])
+        cached = rng.choice([0, 0, 16, 32])
+        rows.append((k, session, turn, cached))
+        turns.add(session, turn, k)
+        first.setdefault((session, turn), k)
+        if isinstance(turn, int) and turn > 0 and cached > 0:
+            links.add(session, turn, k, cached)
+    for _k, session, turn, cached in rows:
+        if isinstance(turn, int) and turn > 0 and cached > 0:
+            for t in range(turn):
+                j = first.get((session, t))
+                if j is not None:
+                    want.setdefault(j, set()).add(cached)
+    got = turns.earlier_turns(links)
+    assert {row: set(got.get(row)) for row in got.rows} == want
+
+
+def test_token_facts_columns_answer_per_key():
+    fact = WindowFact(128, np.array([0.5, 0.25], np.float32))
+    facts = TokenFacts()
+    facts.add("a", 0.125, 3, fact)
+    facts.add("b", None, None, "probe failed")
+    other = TokenFacts()
+    other.add("c", 0.0, 0)
+    facts.extend(other)
+    keys = ["c", "zz", "a", "b"]
+    assert facts.first_drifts(keys) == [0.0, None, 0.125, None]
+    assert facts.accepted(keys) == [0, None, 3, None]
+    windows = facts.windows(keys)
+    assert windows[0] is None and windows[1] is None and windows[3] == "probe failed"
+    assert windows[2].start == 128 and windows[2].diffs.tolist() == [0.5, 0.25]
+    assert list(facts.probed(facts.rows(keys))) == [False, False, True, True]
+    same = TokenFacts.from_maps({"a": 0.125}, {"a": 3, "b": None}, {"a": fact, "b": "probe failed"})
+    same.add("c", 0.0, 0)
+    assert facts == same and facts.by_key()["accepted"] == {"a": 3, "b": None, "c": 0}
+    same.add("d", None, None)
+    assert facts != same  # another candidate
+    assert TokenFacts.from_maps({"a": 0.125}) != TokenFacts.from_maps({"a": 0.25})
