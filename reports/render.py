@@ -214,6 +214,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
 
     # before the tables, so that requests.csv and every table count them as the verdict does
     df = with_windows(run.df, run.facts, *_window_limits(config, thresholds))
+    run.df = None  # not read again: the columns the stages below replace are freed as they go
     config["windows"] = window_lines(df[~df["pool"].map(is_control)], unprobed_reason(config))
     if calibrated:
         df = with_restore_onsets(df, run.facts, _restore_tolerances(config))
@@ -223,8 +224,9 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
         calibration = with_control_flips(calibration, df)
     df = with_decisive_flips(df, numerics_scales(df, thresholds, per_pool, calibration))
     tables = write_tables(df, run_dir, run.stats, shapes=run.shapes, latency=run.latency)
-    gated = df[~df["pool"].map(is_control)]
-    floor = noise_floor(gated, thresholds.drift_tolerance)
+    run.shapes = run.latency = None
+    floor = noise_floor(df.loc[~df["pool"].map(is_control), ["class", "oracle", "cached_tokens", "drift"]],
+                        thresholds.drift_tolerance)
     verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
                                _server_acceptance(run_dir), calibration,
                                (config.get("calibration") or {}).get("baseline_run"))

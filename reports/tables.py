@@ -170,7 +170,9 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates:
     latency = latency_of_points(latency, slo)
     done = {(p.get("pool"), p.get("point")): p for p in points or []}
     blocks = df.dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
-    df = df.assign(point=[_label(r) for r in records(df, ["key", "pool", "concurrency"])])
+    labels: dict[str, str] = {}  # one string per label, not one per row
+    df = df.assign(point=[labels.setdefault(lab := _label(r), lab)
+                          for r in records(df, ["key", "pool", "concurrency"])])
     rows = []
     # one group at a time (sorting the groups themselves would hold every one of them at once), the rows then
     # put in the order the groups sort in (a stable sort of the groupby's own order)
