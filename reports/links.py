@@ -56,7 +56,7 @@ class LinkIndex:
 
     def __init__(self) -> None:
         self._sessions: dict[tuple, int] = {}
-        self.session, self.turn, self.cached, self.input_len = array("q"), [], [], []
+        self.session, self.turn, self.cached, self.input_len = array("q"), [], array("q"), array("q")
         self.no_prev = bytearray()  # 1: its class is an error or its interval unknown (no link from it)
 
     def add(self, cols: dict[str, list]) -> None:
@@ -66,9 +66,9 @@ class LinkIndex:
                                             strict=True):
             self.session.append(self._sessions.setdefault((pool, sweep_point_of(key, conc), session),
                                                           len(self._sessions)))
-        self.turn += cols["turn"]
-        self.cached += cols["cached_tokens"]
-        self.input_len += cols["input_len"]
+        self.turn += cols["turn"]  # as recorded (a turn that is not an integer has no previous turn)
+        self.cached.extend(cols["cached_tokens"])  # integers (reports/analyze.py row_of)
+        self.input_len.extend(cols["input_len"])
         self.no_prev += bytes(int(c == "error" or iv is None) for c, iv in zip(cols["class"], cols["interval"],
                                                                                 strict=True))
 
@@ -77,8 +77,8 @@ class LinkIndex:
         names = {v: k for k, v in other._sessions.items()}
         self.session.extend(self._sessions.setdefault(names[s], len(self._sessions)) for s in other.session)
         self.turn += other.turn
-        self.cached += other.cached
-        self.input_len += other.input_len
+        self.cached.extend(other.cached)
+        self.input_len.extend(other.input_len)
         self.no_prev += other.no_prev
 
     def links(self, crossings: Callable[[int], list[dict]], on_path: OnPath) -> dict[str, list]:
