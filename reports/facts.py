@@ -21,6 +21,7 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -120,8 +121,10 @@ class TokenFacts:
     def rows(self, keys) -> np.ndarray:
         """The row of each key (a Series, Arrow array or iterable of text); -1 where none."""
         self._flush()
+        if isinstance(keys, (pd.Series, pd.Index)):
+            keys = keys.array  # a text column's Arrow data as it is (no Python string per row)
         if not isinstance(keys, (pa.Array, pa.ChunkedArray)):
-            keys = pa.array(keys if hasattr(keys, "__arrow_array__") else list(keys), pa.string())
+            keys = pa.array(keys) if hasattr(keys, "__arrow_array__") else pa.array(list(keys), pa.string())
         if not len(keys) or not self._chunks:
             return np.full(len(keys), -1, dtype=np.int64)
         found = pc.index_in(keys.cast(pa.string()), value_set=pa.chunked_array(self._chunks, pa.string()))

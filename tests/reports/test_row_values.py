@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from reports.analyze_run import _Turns
@@ -91,6 +92,8 @@ def test_token_facts_columns_answer_per_key():
     facts.extend(other)
     keys = ["c", "zz", "a", "b"]
     assert facts.first_drifts(keys) == [0.0, None, 0.125, None]
+    assert facts.first_drifts(pd.Series([*keys, None], dtype="str")) == [0.0, None, 0.125, None, None]  # Arrow text
+    assert facts.first_drifts(pd.Series(keys, dtype=object)) == [0.0, None, 0.125, None]
     assert facts.accepted(keys) == [0, None, 3, None]
     windows = facts.windows(keys)
     assert windows[0] is None and windows[1] is None and windows[3] == "probe failed"
