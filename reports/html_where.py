@@ -10,6 +10,7 @@ the worst cases.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from reports.frame_rows import records
@@ -45,14 +46,15 @@ def restore_kind(row: dict) -> str:
 def kind_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per restore kind with requests: requests, flagged (hard + drift), soft, exact and errors."""
     rows = []
-    kinds = [restore_kind(r) for r in records(df, ["cached_tokens", "restored_link", "block_size"])]
-    classes = df["class"].tolist()
+    kinds = np.array([restore_kind(r) for r in records(df, ["cached_tokens", "restored_link", "block_size"])],
+                     dtype=object)  # a kind's one string per row, not a row's own class string
+    classes = df["class"]
     for key, what in KINDS.items():
-        mine = [c for k, c in zip(kinds, classes, strict=True) if k == key]
-        if mine:
-            rows.append({"kind": key, "requests": what, "n": len(mine),
-                         "flagged": sum(c in FLAGGED for c in mine), "soft": mine.count("soft"),
-                         "exact": mine.count("exact"), "errors": mine.count("error")})
+        mine = classes[kinds == key] if len(df) else classes
+        if len(mine):
+            rows.append({"kind": key, "requests": what, "n": len(mine), "flagged": int(mine.isin(FLAGGED).sum()),
+                         "soft": int((mine == "soft").sum()), "exact": int((mine == "exact").sum()),
+                         "errors": int((mine == "error").sum())})
     return pd.DataFrame(rows, columns=["kind", "requests", "n", "flagged", "soft", "exact", "errors"])
 
 

@@ -12,9 +12,14 @@ is not judged).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import xml.etree.ElementTree as ET
+from array import array
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from records.schema import point_label
@@ -38,19 +43,21 @@ def sweep_point(pool, concurrency, key=None) -> str:
 _BRIEF = ["key", "pool", "concurrency", "session_id", "turn", "e2e", "class"]
 
 
-def _points(df: pd.DataFrame) -> dict[str, list[dict]]:
-    """sweep point -> its requests: the few columns a testcase needs, and whole rows (as to_dict gives them) only
-    for the requests whose text is written (hard, drift, error, soft); the frame is not turned into dicts."""
-    points: dict[str, list[dict]] = {}
-    if not len(df):
-        return points
+def _points(df: pd.DataFrame) -> dict[str, array]:
+    """sweep point -> the positions of its requests in `df`, in frame order."""
+    points: dict[str, array] = {}
+    for i, (pool, concurrency, key) in enumerate(zip(df["pool"], df["concurrency"], df["key"], strict=True)):
+        points.setdefault(sweep_point(pool, concurrency, key), array("q")).append(i)
+    return points
+
+
+def _rows(df: pd.DataFrame) -> list[dict]:
+    """The requests of one sweep point: the few columns a testcase needs, and whole rows (as to_dict gives them)
+    only for the requests whose text is written (hard, drift, error, soft)."""
     cols = {c: df[c].tolist() for c in _BRIEF}
     texts = [i for i, c in enumerate(cols["class"]) if c in ("hard", "drift", "error", "soft")]
     whole = dict(zip(texts, df.iloc[texts].to_dict("records"), strict=True)) if texts else {}
-    for i in range(len(df)):
-        r = whole.get(i) or {c: cols[c][i] for c in _BRIEF}
-        points.setdefault(sweep_point(r["pool"], r["concurrency"], r["key"]), []).append(r)
-    return points
+    return [whole.get(i) or {c: cols[c][i] for c in _BRIEF} for i in range(len(df))]
 
 
 def _case(suite: ET.Element, classname: str, r: dict) -> tuple[int, int, float]:
@@ -89,26 +96,33 @@ def _verdict_suite(root: ET.Element, verdict, requests_failed: bool) -> int:
     return int(failed)
 
 
-def junit_tree(df: pd.DataFrame, run_id: str = "specgate", verdict=None) -> ET.ElementTree:
-    """Build the JUnit tree: a testsuite per sweep point of each gated pool with a testcase per request, and (given
-    the verdict) the `specgate` suite with the verdict's testcase."""
+def _suites(df: pd.DataFrame) -> Iterator[tuple[ET.Element, int, int, int, float]]:
+    """(testsuite, tests, failures, errors, seconds) per sweep point of the gated pools, in classname order,
+    built one at a time."""
     gated = df[~df["pool"].map(is_control).astype(bool)] if len(df) else df
-    points = _points(gated)
-    # Every attribute and text goes through xml_safe: a server's control bytes must not make the file ill-formed.
-    root = ET.Element("testsuites", name=xml_safe(f"specgate {run_id}"))
-    tests = failures = errors = 0
-    total_time = 0.0
+    points = _points(gated) if len(gated) else {}
     for classname in sorted(points):
-        suite = ET.SubElement(root, "testsuite", name=classname)
+        suite = ET.Element("testsuite", name=classname)
         counts = [0, 0, 0.0]
-        rows = sorted(points[classname], key=lambda r: (str(r["session_id"]), value_or_none(r["turn"]) or 0))
+        rows = sorted(_rows(gated.iloc[np.asarray(points.pop(classname))]),
+                      key=lambda r: (str(r["session_id"]), value_or_none(r["turn"]) or 0))
         for r in rows:
             f, e, t = _case(suite, classname, r)
             counts = [counts[0] + f, counts[1] + e, counts[2] + t]
         suite.attrib.update(tests=str(len(rows)), failures=str(counts[0]), errors=str(counts[1]),
                             time=f"{counts[2]:.3f}")
-        tests, failures, errors, total_time = tests + len(rows), failures + counts[0], errors + counts[1], \
-            total_time + counts[2]
+        yield suite, len(rows), counts[0], counts[1], counts[2]
+
+
+def junit_tree(df: pd.DataFrame, run_id: str = "specgate", verdict=None) -> ET.ElementTree:
+    """Build the JUnit tree: a testsuite per sweep point of each gated pool with a testcase per request, and (given
+    the verdict) the `specgate` suite with the verdict's testcase."""
+    root = ET.Element("testsuites", name=xml_safe(f"specgate {run_id}"))
+    tests = failures = errors = 0
+    total_time = 0.0
+    for suite, n, f, e, t in _suites(df):
+        root.append(suite)
+        tests, failures, errors, total_time = tests + n, failures + f, errors + e, total_time + t
     if verdict is not None:
         failures += _verdict_suite(root, verdict, failures + errors > 0)
         tests += 1
@@ -118,6 +132,36 @@ def junit_tree(df: pd.DataFrame, run_id: str = "specgate", verdict=None) -> ET.E
 
 
 def write_junit(df: pd.DataFrame, path: str | Path, run_id: str = "specgate", verdict=None) -> Path:
-    """Write junit.xml for the requests frame (and the run's verdict)."""
-    junit_tree(df, run_id, verdict).write(path, encoding="utf-8", xml_declaration=True)
+    """Write junit.xml for the requests frame (and the run's verdict): junit_tree's file, each testsuite written
+    as it is built (a tree of every request's testcase is ~1 KB a request) to a temporary file, then put under
+    the root whose totals they give."""
+    tests = failures = errors = 0
+    total_time = 0.0
+    with tempfile.TemporaryFile("w+", encoding="utf-8") as body:
+        for suite, n, f, e, t in _suites(df):
+            ET.indent(suite, level=1)
+            body.write(_SEP + ET.tostring(suite, encoding="unicode"))
+            tests, failures, errors, total_time = tests + n, failures + f, errors + e, total_time + t
+        if verdict is not None:
+            holder = ET.Element("testsuites")
+            failures += _verdict_suite(holder, verdict, failures + errors > 0)
+            tests += 1
+            ET.indent(holder[0], level=1)
+            body.write(_SEP + ET.tostring(holder[0], encoding="unicode"))
+        root = ET.Element("testsuites", name=xml_safe(f"specgate {run_id}"))
+        root.attrib.update(tests=str(tests), failures=str(failures), errors=str(errors), time=f"{total_time:.3f}")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write("<?xml version='1.0' encoding='utf-8'?>\n")
+            if not body.tell():  # no testsuite at all: an empty root
+                out.write(ET.tostring(root, encoding="unicode"))
+                return Path(path)
+            root.text = "\x00"  # where the testsuites go
+            start, end = ET.tostring(root, encoding="unicode").split("\x00")
+            body.seek(0)
+            out.write(start)
+            shutil.copyfileobj(body, out)
+            out.write("\n" + end)
     return Path(path)
+
+
+_SEP = "\n  "  # before each testsuite (ET.indent's, one level down)

@@ -143,16 +143,25 @@ def test_junit_from_the_frame_without_dicts_writes_what_the_dict_grouping_wrote(
 
     from reports import junit
 
-    def dict_points(df):  # every row through to_dict
-        points: dict = {}
-        for r in df.to_dict("records") if len(df) else []:
-            points.setdefault(junit.sweep_point(r["pool"], r["concurrency"]), []).append(r)
-        return points
-
     run_dir = synthetic_run(tmp_path / "run", fault=True, soft_sessions=2)
     df = analyze_run(run_dir).df
     df.loc[3, "class"], df.loc[3, "e2e"] = "error", float("nan")
     got = ET.tostring(junit.junit_tree(df, "r").getroot())
-    monkeypatch.setattr(junit, "_points", dict_points)
+    monkeypatch.setattr(junit, "_rows", lambda part: part.to_dict("records"))  # every row through to_dict
     assert got == ET.tostring(junit.junit_tree(df, "r").getroot())
     assert b"soft flip" in got and b"failure" in got and b"<error" in got
+
+
+def test_junit_written_a_testsuite_at_a_time_is_the_whole_tree_written(tmp_path):
+    from reports import junit
+    from reports.gate import GateThresholds, evaluate
+
+    run_dir = synthetic_run(tmp_path / "run", fault=True, soft_sessions=2)
+    df = analyze_run(run_dir).df
+    verdict = evaluate(df, GateThresholds())
+    cases = [(df, None), (df, verdict), (df.iloc[:0], verdict), (df.iloc[:0], None)]
+    for i, (frame, v) in enumerate(cases):
+        junit.junit_tree(frame, "r & <s>", v).write(tmp_path / f"tree{i}.xml", encoding="utf-8", xml_declaration=True)
+        junit.write_junit(frame, tmp_path / f"streamed{i}.xml", "r & <s>", v)
+        assert (tmp_path / f"streamed{i}.xml").read_bytes() == (tmp_path / f"tree{i}.xml").read_bytes(), i
+    assert (tmp_path / "streamed1.xml").read_bytes().count(b"<testsuite ") > 2
