@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tempfile
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
 import numpy as np
@@ -144,14 +144,16 @@ class RowStore:
             table = table.take(pa.array(inverse))
         return table.combine_chunks()
 
-    def prompt_index(self) -> dict[str, Where]:
-        """input_hash -> where its stored prompt is (a later prompt file wins, as RunReader.prompt reads them)."""
-        out: dict[str, Where] = {}
+    def prompt_index(self, into: MutableMapping | None = None) -> MutableMapping:
+        """input_hash -> where its stored prompt is (a later prompt file wins, as RunReader.prompt reads them),
+        put into `into` (a dict by default)."""
+        out = into if into is not None else {}
         for path in self.reader.layout.prompt_files():
             s, pf = self._source(path), pq.ParquetFile(path)
             for g in range(pf.num_row_groups):
                 hashes = pf.read_row_group(g, columns=["input_hash"]).column(0).to_pylist()
-                out.update((h, (s, g, r)) for r, h in enumerate(hashes))
+                for r, h in enumerate(hashes):
+                    out[h] = (s, g, r)
         return out
 
     def prompt_ids(self, wheres: list[Where]) -> pa.Array:

@@ -31,7 +31,7 @@ from reports.facts import TokenFacts
 from reports.latency import request_latency
 from reports.links import LinkIndex
 from reports.row_values import PrefixDigests, RowLengths
-from reports.seen_keys import SeenKeys
+from reports.seen_keys import KeyMap, SeenKeys
 from reports.tree_shapes import point_of, slim
 
 CHUNK_ROWS = 8192  # frame rows typed at once: a chunk of a few rows costs more than its rows (61 columns)
@@ -122,8 +122,8 @@ class View:
     keys an earlier stem already held (dropped as duplicates, as one reader over every stem drops them)."""
 
     sources: list[Path]
-    refs: dict[str, tuple]
-    prompts: dict[str, tuple]
+    refs: KeyMap  # input_hash -> (source, row group, row)
+    prompts: KeyMap
     in_len: RowLengths  # row -> (its input prefix length to digest,)
     seq_lens: RowLengths  # row -> the lengths of its input + output prefixes to digest
     earlier: dict[str, set] = field(default_factory=dict)

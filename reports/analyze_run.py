@@ -43,7 +43,7 @@ from reports.facts import TokenFacts
 from reports.latency import request_latency
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
 from reports.row_values import RowLengths
-from reports.seen_keys import SeenKeys
+from reports.seen_keys import KeyMap, SeenKeys
 from reports.tree_shapes import shapes_of_points
 from reports.window import WINDOW_LISTS
 
@@ -123,7 +123,7 @@ class _Index:
 
     def __init__(self, reader: RunReader, store: RowStore) -> None:
         self.n = 0
-        self.refs: dict[str, tuple] = {}
+        self.refs = KeyMap(3)  # input_hash -> where its reference is: (source, row group, row)
         self.seen = SeenKeys()
         self.stems = [s for s in reader.stems() if L.is_request_stem(s)]
         self.counts = dict.fromkeys(self.stems, 0)  # candidates per stem
@@ -216,7 +216,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         stats = [r for stem in reader.stems() if not L.is_request_stem(stem)
                  for r in reader.records(stem, index.seen) if r.get("role") == "stats"]
         index.seen.clear()  # every key met: what the token pass needs of it is in `earlier`
-        prompts = store.prompt_index()  # numbers the prompt files: before the sources are handed on
+        prompts = store.prompt_index(KeyMap(3))  # numbers the prompt files: before the sources are handed on
         view = View(list(store.sources), index.refs, prompts, index.in_len, index.seq_lens, index.seen.earlier)
         stems = [s for s in index.stems if index.counts[s]]
         starts = list(np.cumsum([0] + [index.counts[s] for s in stems[:-1]])) if stems else []

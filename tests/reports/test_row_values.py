@@ -3,7 +3,12 @@ PrefixDigests, the index pass's earlier turns, and TokenFacts' columns."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,19 +17,19 @@ import pytest
 from reports.analyze_run import _Turns
 from reports.facts import TokenFacts
 from reports.row_values import PrefixDigests, RowLengths
-from reports.seen_keys import SeenKeys
+from reports.seen_keys import KeyMap, SeenKeys
 from reports.window import WindowFact
 
 
-class _Colliding(SeenKeys):
+class _Colliding(KeyMap):
     BUFFER = 4
     key_hash = staticmethod(lambda key: len(key) % 3)  # nearly every key shares its hash with others
 
 
-@pytest.mark.parametrize("cls", [SeenKeys, _Colliding])
-def test_seen_keys_answer_as_a_dict_of_key_to_first_stem(cls):
+@pytest.mark.parametrize("colliding", [False, True])
+def test_seen_keys_answer_as_a_dict_of_key_to_first_stem(colliding):
     rng = random.Random(0)
-    seen, want, want_earlier = cls(), {}, {}
+    seen, want, want_earlier = SeenKeys(_Colliding(1) if colliding else None), {}, {}
     for stem in ("a", "b", "c"):
         seen.stem = stem
         for _ in range(300):
@@ -39,6 +44,38 @@ def test_seen_keys_answer_as_a_dict_of_key_to_first_stem(cls):
     assert seen.earlier == want_earlier
     seen.clear()
     assert "k1" not in seen and seen.earlier == want_earlier
+
+
+@pytest.mark.parametrize("cls", [KeyMap, _Colliding])
+def test_key_maps_answer_as_dicts(cls):
+    rng = random.Random(2)
+    got, want = cls(3), {}
+    for _ in range(2000):
+        key = f"h{rng.randrange(300)}" if rng.random() < 0.95 else rng.randrange(3)
+        value = (rng.randrange(5), rng.randrange(9), rng.randrange(1 << 40))
+        op = rng.random()
+        if op < 0.4:
+            assert got.setdefault(key, value) == want.setdefault(key, value)
+        elif op < 0.6:
+            got[key] = want[key] = value  # a later value wins
+        else:
+            assert got.get(key) == want.get(key) and (key in got) == (key in want)
+    assert len(got) == len(want) and all(got[k] == v for k, v in want.items())
+    with pytest.raises(KeyError):
+        got["absent"]
+
+
+def test_a_key_map_loaded_in_another_process_hashes_its_keys_there(tmp_path):
+    keys = KeyMap(3)
+    for i in range(3 * KeyMap.BUFFER // 2):  # most of them moved out of the dict
+        keys[f"hash-{i}"] = (i % 7, i % 11, i)
+    (tmp_path / "map.pickle").write_bytes(pickle.dumps(keys))
+    code = (f"import pickle; m = pickle.load(open({str(tmp_path / 'map.pickle')!r}, 'rb')); "
+            f"print(m['hash-5'], m.get('hash-{KeyMap.BUFFER + 3}'), 'hash-x' in m, len(m))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONHASHSEED": "random"}, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["(5,", "5,", "5)", f"({(KeyMap.BUFFER + 3) % 7},", f"{(KeyMap.BUFFER + 3) % 11},",
+                                  f"{KeyMap.BUFFER + 3})", "False", str(3 * KeyMap.BUFFER // 2)]
 
 
 def test_row_lengths_and_prefix_digests_find_what_was_added():
