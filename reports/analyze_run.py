@@ -229,6 +229,8 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         else:
             for stem, start in zip(stems, starts, strict=True):
                 total.merge(token_pass(run_dir, [stem], int(start), view, *args, spill=spill))
+        references = len(index.refs)
+        index = view = prompts = None  # the token pass's own: what follows holds the frame's worth at once
         digests = total.digests
 
         def on_path(i: int, j: int, length: int) -> bool:
@@ -242,13 +244,17 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
             c = int(np.searchsorted(starts, j, side="right")) - 1
             return crossing_list(total.chunks[c]["crossings"].iat[j - int(starts[c])])
 
-        df = frames_joined(total.chunks, total.links.links(crossings, on_path))
+        links = total.links.links(crossings, on_path)
+        total.links = None
         digests.clear()
-        shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
+        df = frames_joined(total.chunks, links)
+        total.chunks.clear()  # joined: each chunk's own copy is freed before the tree shapes walk
         latency = pd.concat(total.latency, ignore_index=True) if total.latency else request_latency([])
+        total.latency.clear()
+        shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
         return AnalyzedRun(df, latency=latency, run_id=total.run_id, cache_lost=total.lost, stats=stats,
                            truncated=reader.truncated, corrupt=reader.corrupt, duplicates=reader.duplicates,
-                           references=len(index.refs), facts=total.facts, shapes=shapes)
+                           references=references, facts=total.facts, shapes=shapes)
     finally:
         store.close()
         spill.close()
