@@ -164,7 +164,7 @@ def restore_onsets(df: pd.DataFrame, facts: TokenFacts, tolerances: dict[str, fl
     if len(df) and tolerances:
         mask = (df["restored"].astype(bool) & (df["class"] == "exact")).to_numpy(dtype=bool)
         if mask.any():
-            rows = df[mask]
+            rows = df.loc[mask, ["pool", "key"]]
             tol = rows["pool"].astype(str).map(tolerances).to_numpy(dtype=float)  # NaN: no tolerance
             drift = np.array([math.nan if d is None else d for d in facts.first_drifts(rows["key"])], dtype=float)
             out[mask] = drift > tol  # NaN on either side: False

@@ -25,7 +25,7 @@ def cells(block_size: int) -> list[tuple[int, int]]:
 
 
 def _block_sizes(df: pd.DataFrame) -> dict[int, int]:
-    sizes = df.dropna(subset=["interval", "block_size"]).groupby("interval")["block_size"].max()
+    sizes = df[["interval", "block_size"]].dropna().groupby("interval")["block_size"].max()  # not a copy of df
     return {int(i): int(b) for i, b in sizes.items()}
 
 

@@ -75,7 +75,7 @@ def let_through(df: pd.DataFrame) -> pd.DataFrame:
 def flips_by_point(df: pd.DataFrame) -> dict[str, list[int]]:
     """Per sweep point, [answered turns, turns whose tokens left the reference] of a requests frame (every flip,
     whatever its class: the calibration's controls are clean, so each of their flips is numerics)."""
-    answered = df[df["class"] != "error"] if len(df) else df
+    answered = df.loc[df["class"] != "error", ["key", "pool", "concurrency", "first_divergence"]] if len(df) else df
     if not len(answered):
         return {}
     flipped = answered["first_divergence"].notna()
@@ -92,7 +92,8 @@ def with_control_flips(calibration: Mapping[str, Mapping], df: pd.DataFrame) -> 
     out = dict(calibration)
     for pool, cal in calibration.items():
         if cal.get("flips_by_point") is None and cal.get("controls") and len(df):
-            rows = df[df["pool"].astype(str).isin([str(c) for c in cal["controls"]])]
+            rows = df.loc[df["pool"].astype(str).isin([str(c) for c in cal["controls"]]),
+                          ["key", "pool", "concurrency", "class", "first_divergence"]]
             out[pool] = {**cal, "flips_by_point": flips_by_point(rows) if len(rows) else None}
     return out
 

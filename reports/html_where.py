@@ -82,7 +82,9 @@ def reading(kinds: pd.DataFrame) -> str:
 def cell_grids(df: pd.DataFrame) -> str:
     """Per interval, the (verify step, commit length) cells of verify-crossed restores: flagged / restored, coloured
     by status, with a legend; empty where no restore was verify-crossed."""
-    linked = df[df["restored_verify_crossed"].fillna(False).astype(bool)] if len(df) else df
+    linked = df.loc[df["restored_verify_crossed"].fillna(False).astype(bool),
+                    ["interval", "block_size", "restored_crossing_step", "restored_crossing_commit_len", "class"]] \
+        if len(df) else df
     if not len(linked):
         return ""
     out = ['<p class="legend"><span class="cell bad">f/n</span> f of the n requests that restored a checkpoint '

@@ -99,12 +99,13 @@ def _verdict_suite(root: ET.Element, verdict, requests_failed: bool) -> int:
 def _suites(df: pd.DataFrame) -> Iterator[tuple[ET.Element, int, int, int, float]]:
     """(testsuite, tests, failures, errors, seconds) per sweep point of the gated pools, in classname order,
     built one at a time."""
-    gated = df[~df["pool"].map(is_control).astype(bool)] if len(df) else df
-    points = _points(gated) if len(gated) else {}
+    gated = (~df["pool"].map(is_control).astype(bool)).to_numpy(dtype=bool) if len(df) else np.zeros(0, bool)
+    where = np.flatnonzero(gated)  # the gated rows' positions in df (a copy of their rows would be most of df)
+    points = _points(df.loc[gated, ["pool", "concurrency", "key"]]) if len(where) else {}
     for classname in sorted(points):
         suite = ET.Element("testsuite", name=classname)
         counts = [0, 0, 0.0]
-        rows = sorted(_rows(gated.iloc[np.asarray(points.pop(classname))]),
+        rows = sorted(_rows(df.iloc[where[np.asarray(points.pop(classname))]]),
                       key=lambda r: (str(r["session_id"]), value_or_none(r["turn"]) or 0))
         for r in rows:
             f, e, t = _case(suite, classname, r)

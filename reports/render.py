@@ -102,7 +102,8 @@ def numerics_scales(df, thresholds: GateThresholds, per_pool: dict[str, tuple] |
                     calibration: dict[str, dict] | None) -> dict[str, NumericsScale]:
     """Each gated pool's measured numerics (reports/numerics.py): its drift tolerance from `per_pool` (else the
     run's), its controls' figures from `calibration` (config.json `calibration.per_pool`)."""
-    gated = df[~df["pool"].map(is_control).astype(bool)] if len(df) else df
+    gated = df.loc[~df["pool"].map(is_control).astype(bool), ["pool", "restored", "class", "drift_before_flip"]] \
+        if len(df) else df
     tolerances = {p: float(limits[1]) for p, limits in (per_pool or {}).items()}
     return pool_scales(gated, tolerances, thresholds.drift_tolerance, calibration) if len(gated) else {}
 

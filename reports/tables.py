@@ -169,7 +169,7 @@ def configs_table(df: pd.DataFrame, stats: list[dict] | None = None, candidates:
         latency = request_latency(candidates if candidates is not None else df.to_dict("records"))
     latency = latency_of_points(latency, slo)
     done = {(p.get("pool"), p.get("point")): p for p in points or []}
-    blocks = df.dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
+    blocks = df[["pool", "block_size"]].dropna(subset=["block_size"]).groupby("pool")["block_size"].max().to_dict()
     labels: dict[str, str] = {}  # one string per label, not one per row
     df = df.assign(point=[labels.setdefault(lab := _label(r), lab)
                           for r in records(df, ["key", "pool", "concurrency"])])
