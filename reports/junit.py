@@ -99,6 +99,7 @@ def _verdict_suite(root: ET.Element, verdict, requests_failed: bool) -> int:
 def _suites(df: pd.DataFrame) -> Iterator[tuple[ET.Element, int, int, int, float]]:
     """(testsuite, tests, failures, errors, seconds) per sweep point of the gated pools, in classname order,
     built one at a time."""
+    # Every attribute and text goes through xml_safe: a server's control bytes must not make the file ill-formed.
     gated = (~df["pool"].map(is_control).astype(bool)).to_numpy(dtype=bool) if len(df) else np.zeros(0, bool)
     where = np.flatnonzero(gated)  # the gated rows' positions in df (a copy of their rows would be most of df)
     points = _points(df.loc[gated, ["pool", "concurrency", "key"]]) if len(where) else {}
