@@ -17,6 +17,7 @@ from reports.crossing_cells import crossings_json
 from reports.envelope import Envelope
 from reports.links import OnPath, link_restored_checkpoints, seqs_on_path
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD, Classification, classify
+from reports.release import release
 
 # requests.csv columns, in order (documented in docs/reports.md).
 REQUEST_COLUMNS = [
@@ -249,12 +250,18 @@ def frames_joined(chunks: list[pd.DataFrame], links: dict[str, list]) -> pd.Data
             for c in chunks:
                 if not _is_text(c[col]):
                     c[col] = c[col].astype("str")
-    df = pd.concat(chunks, ignore_index=True)
-    chunks.clear()
     typed = _typed(pd.DataFrame(links))
-    for col in LINK_COLUMNS:
-        df[col] = typed[col].to_numpy() if typed[col].dtype == object else typed[col].array
-    return df
+    joined = {}
+    for col in REQUEST_COLUMNS:  # a column at a time, each chunk's copy freed once joined: never two frames at once
+        if col in LINK_COLUMNS:
+            joined[col] = typed[col].to_numpy() if typed[col].dtype == object else typed[col].array
+        else:
+            joined[col] = pd.concat([c[col] for c in chunks], ignore_index=True)
+        for c in chunks:
+            del c[col]
+        release()  # the chunks' pieces are small blocks of the heap, the joined column is a new mapping
+    chunks.clear()
+    return pd.DataFrame(joined, columns=REQUEST_COLUMNS)
 
 
 def pool_limits(per_pool: Mapping[str, tuple], pool, default: tuple[float, float]

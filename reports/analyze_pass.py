@@ -30,6 +30,7 @@ from reports.analyze_batch import TOKENS, batch_rows
 from reports.facts import TokenFacts
 from reports.latency import request_latency
 from reports.links import LinkIndex
+from reports.release import release
 from reports.row_values import PrefixDigests, RowLengths
 from reports.seen_keys import KeyMap, SeenKeys
 from reports.tree_shapes import point_of, slim
@@ -200,9 +201,11 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
                 if len(cols["key"]) >= CHUNK_ROWS:
                     out.links.add(cols)
                     out.chunks.append(chunk_frame(cols))
+                    out.facts.share_keys(out.chunks[-1]["key"])  # the frame's keys: held once
                     cols = {c: [] for c in REQUEST_COLUMNS}
                     out.latency.append(pd.concat(latency, ignore_index=True))  # a frame per batch costs ~8 KB
                     latency = []
+                    release()  # the chunk's lists and batches, freed: else the next chunk's arrays come on top
                 for row, rec in zip(ks, recs, strict=True):
                     if rec.get("cache_lost"):
                         out.lost[rec["cache_lost"]] += 1
@@ -214,6 +217,7 @@ def token_pass(run_dir: Path, stems: list[str], start: int, view: View, scalars:
         if cols["key"]:
             out.links.add(cols)
             out.chunks.append(chunk_frame(cols))
+            out.facts.share_keys(out.chunks[-1]["key"])
         if latency:
             out.latency.append(pd.concat(latency, ignore_index=True))
         out.n = k - start

@@ -42,6 +42,7 @@ from reports.crossing_cells import crossing_list
 from reports.facts import TokenFacts
 from reports.latency import request_latency
 from reports.oracle import DRIFT_TOLERANCE, MARGIN_THRESHOLD
+from reports.release import release
 from reports.row_values import RowLengths
 from reports.seen_keys import KeyMap, SeenKeys
 from reports.tree_shapes import shapes_of_points
@@ -218,6 +219,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         index.seen.clear()  # every key met: what the token pass needs of it is in `earlier`
         prompts = store.prompt_index(KeyMap(3))  # numbers the prompt files: before the sources are handed on
         view = View(list(store.sources), index.refs, prompts, index.in_len, index.seq_lens, index.seen.earlier)
+        release()  # the index pass's transients: the token pass's chunks fill what it leaves behind
         stems = [s for s in index.stems if index.counts[s]]
         starts = list(np.cumsum([0] + [index.counts[s] for s in stems[:-1]])) if stems else []
         args = (_scalars, SCALARS, per_pool, (threshold, tolerance), ladder_pools, budget)
@@ -229,6 +231,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         else:
             for stem, start in zip(stems, starts, strict=True):
                 total.merge(token_pass(run_dir, [stem], int(start), view, *args, spill=spill))
+                release()
         references = len(index.refs)
         index = view = prompts = None  # the token pass's own: what follows holds the frame's worth at once
         digests = total.digests
@@ -249,9 +252,11 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         digests.clear()
         df = frames_joined(total.chunks, links)
         total.chunks.clear()  # joined: each chunk's own copy is freed before the tree shapes walk
+        release()
         latency = pd.concat(total.latency, ignore_index=True) if total.latency else request_latency([])
         total.latency.clear()
         shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
+        release()
         return AnalyzedRun(df, latency=latency, run_id=total.run_id, cache_lost=total.lost, stats=stats,
                            truncated=reader.truncated, corrupt=reader.corrupt, duplicates=reader.duplicates,
                            references=references, facts=total.facts, shapes=shapes)

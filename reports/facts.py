@@ -62,8 +62,9 @@ class TokenFacts:
     and, for the pools a calibration asked for, its ladder sums (`add_ladder`)."""
 
     def __init__(self) -> None:
-        self._chunks: list[pa.Array] = []
+        self._chunks: list[pa.Array] = []  # the keys, as Arrow large_string (a text column's own type in pandas)
         self._pending: list[str] = []
+        self._mark = 0  # the chunks from here on hold keys share_keys has not been given yet
         self._drift = array("d")  # NaN: none
         self._accepted = array("q")  # -1: none
         self._win_row, self._win_start, self._win_end = array("q"), array("q"), array("q")  # end: into _diffs
@@ -104,6 +105,7 @@ class TokenFacts:
         self._flush()
         other._flush()
         self._chunks += other._chunks
+        self._mark = len(self._chunks)
         self._drift.extend(other._drift)
         self._accepted.extend(other._accepted)
         self._win_row.extend(r + base for r in other._win_row)
@@ -115,8 +117,24 @@ class TokenFacts:
 
     def _flush(self) -> None:
         if self._pending:
-            self._chunks.append(pa.array(self._pending, pa.string()))
+            self._chunks.append(pa.array(self._pending, pa.large_string()))
             self._pending = []
+
+    def share_keys(self, keys: pd.Series) -> bool:
+        """Hold the keys added since the last call as `keys`' own Arrow data (a frame's text column of those same
+        keys, in order), not as a copy of them: the analysis holds each key once. False, and nothing changes,
+        where `keys` is no Arrow text or not those keys."""
+        data = getattr(keys, "array", None)
+        if not hasattr(data, "__arrow_array__") or not pd.api.types.is_string_dtype(keys.dtype):
+            return False
+        data = pa.chunked_array(pa.array(data))
+        mine = self._chunks[self._mark:] + ([pa.array(self._pending, pa.large_string())] if self._pending else [])
+        if data.type != pa.large_string() or not data.equals(pa.chunked_array(mine, pa.large_string())):
+            return False
+        self._chunks[self._mark:] = data.chunks
+        self._pending = []
+        self._mark = len(self._chunks)
+        return True
 
     def rows(self, keys) -> np.ndarray:
         """The row of each key (a Series, Arrow array or iterable of text); -1 where none."""
@@ -127,7 +145,7 @@ class TokenFacts:
             keys = pa.array(keys) if hasattr(keys, "__arrow_array__") else pa.array(list(keys), pa.string())
         if not len(keys) or not self._chunks:
             return np.full(len(keys), -1, dtype=np.int64)
-        found = pc.index_in(keys.cast(pa.string()), value_set=pa.chunked_array(self._chunks, pa.string()))
+        found = pc.index_in(keys.cast(pa.large_string()), value_set=pa.chunked_array(self._chunks, pa.large_string()))
         return found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def first_drifts(self, keys) -> list[float | None]:

@@ -36,10 +36,11 @@ from reports.numerics import NumericsScale, decisive, decisive_lines, pool_scale
 from reports.oracle import FLAGGED
 from reports.paired import paired_check
 from reports.plots import write_plots
+from reports.release import release
 from reports.results import RunResults
 from reports.summary import render_summary
 from reports.tables import write_tables
-from reports.window import WindowLimits, unprobed_reason, window_lines, with_windows
+from reports.window import WINDOW_READS, WindowLimits, unprobed_reason, window_lines, with_windows
 
 
 class NoRecordsError(RuntimeError):
@@ -216,7 +217,9 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     # before the tables, so that requests.csv and every table count them as the verdict does
     df = with_windows(run.df, run.facts, *_window_limits(config, thresholds))
     run.df = None  # not read again: the columns the stages below replace are freed as they go
-    config["windows"] = window_lines(df[~df["pool"].map(is_control)], unprobed_reason(config))
+    release()
+    config["windows"] = window_lines(df.loc[~df["pool"].map(is_control), [c for c in WINDOW_READS if c in df]],
+                                     unprobed_reason(config))
     if calibrated:
         df = with_restore_onsets(df, run.facts, _restore_tolerances(config))
         df = _with_paired(run_dir, df, config)
@@ -226,6 +229,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     df = with_decisive_flips(df, numerics_scales(df, thresholds, per_pool, calibration))
     tables = write_tables(df, run_dir, run.stats, shapes=run.shapes, latency=run.latency)
     run.shapes = run.latency = None
+    release()
     floor = noise_floor(df.loc[~df["pool"].map(is_control), ["class", "oracle", "cached_tokens", "drift"]],
                         thresholds.drift_tolerance)
     verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
@@ -237,8 +241,10 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
                          coverage=tables["coverage"], tree_shapes=tables["tree_shapes"],
                          diagnosis=diagnose(judged, verdict.rate_findings), floor=floor, judged=judged,
                          warnings=_warnings(run, df) + floor.warnings(calibrated=calibrated), cache_lost=run.cache_lost)
+    release()
     results.plots = write_plots(df, results.boundaries, results.configs, run_dir / "plots", results.coverage,
                                 thresholds.drift_tolerance)
+    release()
     write_html(run_dir / "report.html", results)
     (run_dir / "summary.md").write_text(render_summary(results), encoding="utf-8")
     write_junit(df, run_dir / "junit.xml", run_id=results.run_id, verdict=results.verdict)

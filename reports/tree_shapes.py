@@ -167,6 +167,7 @@ def shapes_of_points(points, ids_of: Loader = record_ids) -> pd.DataFrame:
     cols = _Columns()
     for recs in points:
         _point_shapes(recs, ids_of, cols)
+        del recs  # walked: a point's records loaded one at a time are freed before the next point's are loaded
     return cols.frame()
 
 

@@ -174,6 +174,9 @@ def unprobed_reason(config: Mapping) -> str:
     return "no probe answered (or a run from before the probe)"
 
 
+WINDOW_READS = ["pool", "restored", "window_status"]  # the columns window_lines reads
+
+
 def window_lines(df: pd.DataFrame, unprobed: str) -> list[str]:
     """What the restore windows showed, one line per pool that restored a checkpoint: compared, flagged, not
     compared (why); `unprobed`: why a pool with no window at all has none (unprobed_reason)."""

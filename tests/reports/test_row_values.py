@@ -142,3 +142,31 @@ def test_token_facts_columns_answer_per_key():
     same.add("d", None, None)
     assert facts != same  # another candidate
     assert TokenFacts.from_maps({"a": 0.125}) != TokenFacts.from_maps({"a": 0.25})
+
+
+def test_token_facts_hold_a_frames_key_column_as_it_is():
+    facts = TokenFacts()
+    for i in range(5):
+        facts.add(f"k{i}", float(i), i)
+    column = pd.Series([f"k{i}" for i in range(5)], dtype="str")
+    assert not facts.share_keys(pd.Series(["k0", "k1", "k2", "k3", "x"], dtype="str"))  # not its keys
+    assert not facts.share_keys(column.astype(object))  # not Arrow text
+    assert not facts.share_keys(column[:4])
+    assert facts.share_keys(column)
+    data = column.array.__arrow_array__()
+    assert facts._chunks[-1].buffers()[2].address == data.chunk(0).buffers()[2].address  # the column's own bytes
+    facts.add("k5", 5.0, None)
+    facts.add("k6", None, 6)
+    assert facts.share_keys(pd.Series(["k5", "k6"], dtype="str"))  # only the keys added since
+    assert not facts.share_keys(pd.Series(["k5", "k6"], dtype="str"))  # none added since
+    keys = [f"k{i}" for i in (6, 0, 9, 3, 5)]
+    assert facts.first_drifts(keys) == [None, 0.0, None, 3.0, 5.0]
+    assert facts.accepted(pd.Series(keys, dtype="str")) == [6, 0, None, 3, None]
+    expected = TokenFacts()
+    for i in range(7):
+        expected.add(f"k{i}", None if i == 6 else float(i), None if i == 5 else i)
+    assert facts == expected and facts.keys() == [f"k{i}" for i in range(7)]
+    with_pending = TokenFacts()
+    with_pending.add("a", None, None)
+    with_pending.extend(facts)  # rows after another's: only its own are ever shared
+    assert with_pending.rows(["k6", "a"]).tolist() == [7, 0]

@@ -81,3 +81,24 @@ def test_rejoined_equals_concat(df):  # noqa: F811
     dropped = part.drop(columns=["detail"])
     pd.testing.assert_frame_equal(rejoined(frame, dropped, control),
                                   pd.concat([dropped, frame[control]]).loc[frame.index])
+
+
+def test_chunks_joined_a_column_at_a_time_equal_one_frame():
+    rng = np.random.default_rng(7)
+    parts = []
+    for i, n in enumerate([3, 1, 4]):  # numbers, missing numbers, floats and text, a chunk with none of some
+        parts.append(_cols({"key": [f"k{i}{j}" for j in range(n)],
+                            "turn": [None] * n if i == 1 else rng.integers(0, 5, n).tolist(),
+                            "drift": [None] * n if i == 2 else rng.random(n).tolist(),
+                            "restored": rng.random(n).tolist() if i == 0 else [False] * n,
+                            "detail": [None] * n if i == 0 else [f"d{j}" for j in range(n)]}, n))
+    links = {"restored_link": [None, "prefill"] * 4, "restored_verify_crossed": [False] * 8,
+             "restored_crossing_step": [None] * 7 + [3], "restored_crossing_commit_len": [None] * 8,
+             "restored_crossing_tracked": [None] * 6 + [True, False]}
+    whole = _whole(parts)
+    whole.update(links)
+    expected = chunk_frame({c: whole[c] for c in REQUEST_COLUMNS})
+    chunks = [chunk_frame(p) for p in parts]
+    got = frames_joined(chunks, links)
+    assert chunks == []  # each chunk's columns were handed on as they were joined
+    pd.testing.assert_frame_equal(got, expected)
