@@ -80,10 +80,14 @@ class Spill:
 
     def records(self, rows) -> list[dict]:
         """The rows' slim records, each with its row under `_row`."""
-        out = []
+        out, shared = [], {}
         for k in rows:
             rec = pickle.loads(self._read(k)[2])
             rec["_row"] = k
+            for name in ("engine", "case"):  # a few distinct small dicts, read only: one object each
+                value = rec.get(name)
+                if isinstance(value, dict):
+                    rec[name] = shared.setdefault((name, repr(value)), value)
             out.append(rec)
         return out
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from array import array
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,6 +155,13 @@ class _Index:
         self.seq_lens = turns.earlier_turns(links)  # row -> lengths of its input + output prefixes to digest
 
 
+def _points(spill: Spill, groups) -> Iterator[list[dict]]:
+    """Each tree-shape point's spilled records, read when the walk comes to it (the last point's freed)."""
+    for rows in groups:
+        release()
+        yield spill.records(rows)
+
+
 class _Turns:
     """(session number, turn, row[, cached tokens]) per candidate, as arrays; a turn that is not an integer
     (None, text) is never an earlier turn and is left out (an integral float counts as its integer, as a dict key
@@ -255,7 +262,7 @@ def analyze_run(run_dir: str | Path, threshold: float = MARGIN_THRESHOLD, tolera
         release()
         latency = pd.concat(total.latency, ignore_index=True) if total.latency else request_latency([])
         total.latency.clear()
-        shapes = shapes_of_points((spill.records(rows) for rows in total.groups.values()), spill.load)
+        shapes = shapes_of_points(_points(spill, total.groups.values()), spill.load)
         release()
         return AnalyzedRun(df, latency=latency, run_id=total.run_id, cache_lost=total.lost, stats=stats,
                            truncated=reader.truncated, corrupt=reader.corrupt, duplicates=reader.duplicates,

@@ -235,6 +235,7 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
     verdict, _, judged = judge(df, run.facts, thresholds, calibrated, per_pool, _restore_tolerances(config),
                                _server_acceptance(run_dir), calibration,
                                (config.get("calibration") or {}).get("baseline_run"))
+    release()
     records, references = _case_records(run_dir, df)
     results = RunResults(df=df, boundaries=tables["boundaries"], configs=tables["configs"],
                          verdict=verdict, config=config, records=records, references=references,
@@ -246,7 +247,9 @@ def render_run(run_dir: str | Path, thresholds: GateThresholds | None = None,
                                 thresholds.drift_tolerance)
     release()
     write_html(run_dir / "report.html", results)
+    release()
     (run_dir / "summary.md").write_text(render_summary(results), encoding="utf-8")
+    release()
     write_junit(df, run_dir / "junit.xml", run_id=results.run_id, verdict=results.verdict)
     for w in results.warnings:
         print(f"warning: {w}", file=sys.stderr)
