@@ -164,6 +164,11 @@ def one_path_subsystem(variants: set[str]) -> str | None:
     return interval_subsystem(dict.fromkeys(variants, 1))
 
 
+_POOL_READS = ["pool", "interval", "variant", "class", "restored", "unjudged_pool"]  # what pool_table reads
+_UNDIAGNOSED_READS = ["pool", "variant", "class", "restored", "onset_points_at", "restored_verify_crossed",
+                      "restored_link"]
+
+
 def _undiagnosed(df: pd.DataFrame, table: pd.DataFrame, findings: tuple[RateTest, ...]) -> Diagnosis:
     flagged = df[df["class"].isin(FLAGGED)]
     evidence = [f"flips pile up: {t.text()}" for t in findings] + [_status(r) for r in table.to_dict("records")]
@@ -234,17 +239,18 @@ def diagnose(df: pd.DataFrame, findings: tuple[RateTest, ...] = ()) -> Diagnosis
     if not len(df):
         return Diagnosis("none", "No candidate requests.")
     findings = tuple(findings)
-    table = pool_table(df, findings)
+    table = pool_table(df[[c for c in _POOL_READS if c in df]], findings)  # a pool's rows copy these columns only
     gated = table[table["role"] == "candidate"]
     if not {"spec_only", "cache_only"} <= set(gated["variant"]):
-        return _undiagnosed(df[~df["pool"].map(is_control)], table, findings)
+        return _undiagnosed(df.loc[~df["pool"].map(is_control), [c for c in _UNDIAGNOSED_READS if c in df]], table,
+                            findings)
     groups = _groups(table)
     per = {name: _group_result(rows) for name, rows in groups.items()}
     evidence = [f"flips pile up: {t.text()}" for t in findings]
     evidence += [f"{name}: " + "; ".join(_status(r) for r in rows) + f" -> {per[name]}"
                  for name, rows in groups.items()]
     evidence += [f"control {_status(r)}" for r in table.to_dict("records") if r["role"] == "control"]
-    errors = df[df["class"] == "error"]["error"].dropna().astype(str)
+    errors = df.loc[df["class"] == "error", "error"].dropna().astype(str)
     if "crashed" in per.values():
         first = f" (first error: {errors.iloc[0][:200]})" if len(errors) else ""
         down = [r["pool"] for rows in groups.values() for r in rows if r["requests"] == r["errors"]]

@@ -60,24 +60,27 @@ def _rows(df: pd.DataFrame) -> list[dict]:
     return [whole.get(i) or {c: cols[c][i] for c in _BRIEF} for i in range(len(df))]
 
 
-def _case(suite: ET.Element, classname: str, r: dict) -> tuple[int, int, float]:
-    """One request's testcase; (failures, errors, seconds) it adds."""
-    time = value_or_none(r["e2e"]) or 0.0
+def _counts(r: dict) -> tuple[int, int, float]:
+    """(failures, errors, seconds) one request's testcase adds."""
+    return int(r["class"] in ("hard", "drift")), int(r["class"] == "error"), value_or_none(r["e2e"]) or 0.0
+
+
+def _case(suite: ET.Element, classname: str, r: dict) -> None:
+    """One request's testcase."""
     name = xml_safe(f"{r['session_id']}/{value_or_none(r['turn'])}")
-    case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{time:.3f}")
+    case = ET.SubElement(suite, "testcase", classname=classname, name=name, time=f"{_counts(r)[2]:.3f}")
     if r["class"] in ("hard", "drift"):
         failure = ET.SubElement(case, "failure", type=r["class"], message=xml_safe(case_text(r)))
         failure.text = xml_safe(f"{r['key']}: {case_text(r)}")
-        return 1, 0, time
+        return
     if r["class"] == "error":
         error = ET.SubElement(case, "error", type="error", message=xml_safe(case_text(r)))
         error.text = xml_safe(f"{r['key']}: {case_text(r)}")
-        return 0, 1, time
+        return
     out = f"{r['key']}: {r['class']}"
     if r["class"] == "soft":
         out += f"\nsoft flip (numerics; counted in the soft-flip rate): {case_text(r)}"
     ET.SubElement(case, "system-out").text = xml_safe(out)
-    return 0, 0, time
 
 
 def _verdict_suite(root: ET.Element, verdict, requests_failed: bool) -> int:
@@ -96,24 +99,47 @@ def _verdict_suite(root: ET.Element, verdict, requests_failed: bool) -> int:
     return int(failed)
 
 
-def _suites(df: pd.DataFrame) -> Iterator[tuple[ET.Element, int, int, int, float]]:
-    """(testsuite, tests, failures, errors, seconds) per sweep point of the gated pools, in classname order,
-    built one at a time."""
+def _suites(df: pd.DataFrame) -> Iterator[tuple[ET.Element, list[dict], int, int, float]]:
+    """(testsuite with its totals and no testcase yet, its requests' rows in testcase order, failures, errors,
+    seconds) per sweep point of the gated pools, in classname order, one at a time."""
     # Every attribute and text goes through xml_safe: a server's control bytes must not make the file ill-formed.
     gated = (~df["pool"].map(is_control).astype(bool)).to_numpy(dtype=bool) if len(df) else np.zeros(0, bool)
     where = np.flatnonzero(gated)  # the gated rows' positions in df (a copy of their rows would be most of df)
     points = _points(df.loc[gated, ["pool", "concurrency", "key"]]) if len(where) else {}
     for classname in sorted(points):
-        suite = ET.Element("testsuite", name=classname)
-        counts = [0, 0, 0.0]
         rows = sorted(_rows(df.iloc[where[np.asarray(points.pop(classname))]]),
                       key=lambda r: (str(r["session_id"]), value_or_none(r["turn"]) or 0))
+        counts = [0, 0, 0.0]
         for r in rows:
-            f, e, t = _case(suite, classname, r)
+            f, e, t = _counts(r)
             counts = [counts[0] + f, counts[1] + e, counts[2] + t]
+        suite = ET.Element("testsuite", name=classname)
         suite.attrib.update(tests=str(len(rows)), failures=str(counts[0]), errors=str(counts[1]),
                             time=f"{counts[2]:.3f}")
-        yield suite, len(rows), counts[0], counts[1], counts[2]
+        yield suite, rows, counts[0], counts[1], counts[2]
+
+
+_CASES_AT_ONCE = 4096  # testcases serialized at once: a sweep point's whole tree is ~3 KB a request
+
+
+def _suite_text(suite: ET.Element, rows: list[dict]) -> Iterator[str]:
+    """The testsuite as ET.indent(suite, level=1) and ET.tostring write it with a testcase per row, in pieces of
+    _CASES_AT_ONCE testcases."""
+    suite.text = "\x00"  # where the testcases go
+    start, end = ET.tostring(suite, encoding="unicode").split("\x00")
+    yield start
+    classname = suite.get("name")
+    for at in range(0, len(rows), _CASES_AT_ONCE):
+        holder = ET.Element("testsuite")
+        for r in rows[at:at + _CASES_AT_ONCE]:
+            _case(holder, classname, r)
+        ET.indent(holder, level=1)  # each testcase's text and tails as they are in the whole suite ...
+        if at == 0:
+            yield holder.text
+        if at + _CASES_AT_ONCE < len(rows):  # ... but the last one's tail, where more follow
+            holder[-1].tail = holder.text
+        yield "".join(ET.tostring(case, encoding="unicode") for case in holder)
+    yield end
 
 
 def junit_tree(df: pd.DataFrame, run_id: str = "specgate", verdict=None) -> ET.ElementTree:
@@ -122,9 +148,11 @@ def junit_tree(df: pd.DataFrame, run_id: str = "specgate", verdict=None) -> ET.E
     root = ET.Element("testsuites", name=xml_safe(f"specgate {run_id}"))
     tests = failures = errors = 0
     total_time = 0.0
-    for suite, n, f, e, t in _suites(df):
+    for suite, rows, f, e, t in _suites(df):
+        for r in rows:
+            _case(suite, suite.get("name"), r)
         root.append(suite)
-        tests, failures, errors, total_time = tests + n, failures + f, errors + e, total_time + t
+        tests, failures, errors, total_time = tests + len(rows), failures + f, errors + e, total_time + t
     if verdict is not None:
         failures += _verdict_suite(root, verdict, failures + errors > 0)
         tests += 1
@@ -135,15 +163,16 @@ def junit_tree(df: pd.DataFrame, run_id: str = "specgate", verdict=None) -> ET.E
 
 def write_junit(df: pd.DataFrame, path: str | Path, run_id: str = "specgate", verdict=None) -> Path:
     """Write junit.xml for the requests frame (and the run's verdict): junit_tree's file, each testsuite written
-    as it is built (a tree of every request's testcase is ~1 KB a request) to a temporary file, then put under
-    the root whose totals they give."""
+    _CASES_AT_ONCE testcases at a time (a tree of every request's testcase is ~1 KB a request, a sweep point's
+    can be most of a run) to a temporary file, then put under the root whose totals they give."""
     tests = failures = errors = 0
     total_time = 0.0
     with tempfile.TemporaryFile("w+", encoding="utf-8") as body:
-        for suite, n, f, e, t in _suites(df):
-            ET.indent(suite, level=1)
-            body.write(_SEP + ET.tostring(suite, encoding="unicode"))
-            tests, failures, errors, total_time = tests + n, failures + f, errors + e, total_time + t
+        for suite, rows, f, e, t in _suites(df):
+            body.write(_SEP)
+            for piece in _suite_text(suite, rows):
+                body.write(piece)
+            tests, failures, errors, total_time = tests + len(rows), failures + f, errors + e, total_time + t
         if verdict is not None:
             holder = ET.Element("testsuites")
             failures += _verdict_suite(holder, verdict, failures + errors > 0)

@@ -152,14 +152,17 @@ def test_junit_from_the_frame_without_dicts_writes_what_the_dict_grouping_wrote(
     assert b"soft flip" in got and b"failure" in got and b"<error" in got
 
 
-def test_junit_written_a_testsuite_at_a_time_is_the_whole_tree_written(tmp_path):
+@pytest.mark.parametrize("at_once", [4096, 3, 2, 1])  # a testsuite's testcases in one piece or in several
+def test_junit_written_a_testsuite_at_a_time_is_the_whole_tree_written(tmp_path, monkeypatch, at_once):
     from reports import junit
     from reports.gate import GateThresholds, evaluate
 
+    monkeypatch.setattr(junit, "_CASES_AT_ONCE", at_once)
     run_dir = synthetic_run(tmp_path / "run", fault=True, soft_sessions=2)
     df = analyze_run(run_dir).df
+    df.loc[3, "class"], df.loc[3, "e2e"] = "error", float("nan")
     verdict = evaluate(df, GateThresholds())
-    cases = [(df, None), (df, verdict), (df.iloc[:0], verdict), (df.iloc[:0], None)]
+    cases = [(df, None), (df, verdict), (df.iloc[:0], verdict), (df.iloc[:0], None), (df.iloc[:4], None)]
     for i, (frame, v) in enumerate(cases):
         junit.junit_tree(frame, "r & <s>", v).write(tmp_path / f"tree{i}.xml", encoding="utf-8", xml_declaration=True)
         junit.write_junit(frame, tmp_path / f"streamed{i}.xml", "r & <s>", v)
