@@ -235,7 +235,8 @@ def chunk_frame(cols: dict[str, list]) -> pd.DataFrame:
 def frames_joined(chunks: list[pd.DataFrame], links: dict[str, list]) -> pd.DataFrame:
     """The requests frame of chunk_frame chunks, in order, with the link columns (LINK_COLUMNS, whole lists):
     equal to frame() over the chunks' lists together (a text column is text wherever no chunk has other values
-    and one has text)."""
+    and one has text). The chunks are consumed: each column leaves them as it is joined, and `chunks` is
+    emptied."""
     if not chunks:
         return empty_frame()
     for col in REQUEST_COLUMNS:
