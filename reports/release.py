@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 import pyarrow as pa
 
-_TRIM: list = []  # glibc's malloc_trim, looked up once; None where there is none
 
-
+@functools.cache
 def _malloc_trim():
-    if not _TRIM:
-        trim = None
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            trim = getattr(libc, "malloc_trim", None)
-            if trim is not None:
-                trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-        except OSError:
-            trim = None
-        _TRIM.append(trim)
-    return _TRIM[0]
+    """glibc's malloc_trim, looked up once; None where there is none."""
+    try:
+        trim = getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), "malloc_trim", None)
+    except OSError:
+        return None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 def release() -> bool:
