@@ -32,6 +32,7 @@ from harness.nodes import alive_nodes, check_paths, group_node
 from harness.placement import Demand, Devices, misfit, resolve_devices
 from harness.plan import Plan, PoolPlan
 from harness.pools import Pool, Replica
+from harness.ports import shared_addresses
 from harness.progress import wait_all
 
 if TYPE_CHECKING:
@@ -220,6 +221,9 @@ class RayPools:
 
     def _pools(self, specs: list[tuple], infos: list[dict]) -> tuple[list[Pool], Pool]:
         """The started replicas as pools, each with where it sits (printed, one line per replica)."""
+        problem = shared_addresses({rid: info["url"] for (_, rid, *_), info in zip(specs, infos, strict=True)})
+        if problem:
+            raise HarnessError(problem)
         pools: dict[str, Pool] = {}
         for (p, rid, *_), actor, info in zip(specs, self.actors, infos, strict=True):
             pool = pools.get(p.name)

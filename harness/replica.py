@@ -1,6 +1,7 @@
 """One engine replica: a Ray actor that runs the SGLang-compatible server as a subprocess on its node.
 
-The actor starts the server on a free port, waits for /health and reports
+The actor starts the server on a free port, waits for /health from that server
+(not from another process that took the port first: harness/ports.py) and reports
 `(url, node_id, log)`. A watchdog thread exits the actor process when the server
 dies, so Ray restarts the actor (at most `--max-replica-restarts` times), which
 starts a new server and reports the first lines of its predecessor's crash:
@@ -27,7 +28,6 @@ from __future__ import annotations
 import http.client
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.launcher import LAUNCHER as _LAUNCHER
+from harness.ports import free_port, holds_port
 from harness.rank_actor import RankActor
 from harness.seat import Seat
 from harness.server_logs import crash_excerpt, log_tail, previous_log, read_log_excerpt  # noqa: F401 - importers
@@ -65,13 +66,6 @@ def project_environment(env: dict, site: ServerSite) -> dict:
     if site.workdir:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [site.workdir, env.get("PYTHONPATH")]))
     return env
-
-
-def free_port(host: str) -> int:
-    """A TCP port that is free on `host` right now."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def resolve_command(command: tuple[str, ...] | list[str] | None) -> list[str]:
@@ -239,13 +233,17 @@ class ReplicaServer:
         return ray.get([a.ping.remote() for a in self.ranks], timeout=30)
 
     def _wait_healthy(self, timeout: float) -> str:
-        """'' once /health answers 200; else why not (server exited, or the timeout)."""
+        """'' once /health answers 200 from this replica's own server; else why not (server exited, the port is
+        held by another process, or the timeout)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             code = self._proc.poll()
             if code is not None:
                 return f"exited with status {code}; log {self.log_path}:\n{log_tail(self.log_path)}"
             if http_ok(f"{self.url}/health"):
+                if holds_port(self._proc.pid, self.port) is False:  # None: cannot be told here (no /proc)
+                    return (f"port {self.port} answers /health but another process holds it (taken between "
+                            "free_port() and the server's bind)")
                 return ""
             time.sleep(0.1)
         return f"no healthy /health within {timeout:g}s; log {self.log_path}:\n{log_tail(self.log_path)}"
