@@ -24,6 +24,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from harness.ports import holds_port
+
 STARTUP_TIMEOUT = 900.0  # seconds to /health 200: ~3.5 min on a loaded 2-core machine
 # On CPU SGLang sizes its KV pool from the machine's free memory: budget = free-after-load minus
 # (1 - fraction) x free-before-load, so whatever else starts meanwhile (the other test server, pytest
@@ -105,19 +107,30 @@ class SGLangServer:
         text = self.log.read_text(errors="replace") if self.log.exists() else "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    def serving(self) -> bool | None:
+        """True once this server answers /health on its port; None while another process holds the port and
+        answers (started beside it and handed the same port: harness/ports.py); False before."""
+        if not self.healthy():
+            return False
+        return None if holds_port(self.proc.pid, self.port) is False else True
+
     def wait(self, timeout: float = STARTUP_TIMEOUT, attempts: int = 3) -> None:
-        """Until /health answers 200; RuntimeError with the log tail if the server exits or takes too long. A port
-        taken between free_port() and SGLang's bind (by the other server's internal ports, say) is retried on
-        another port, `attempts` times in all."""
+        """Until /health answers 200 from this server; RuntimeError with the log tail if the server exits or takes
+        too long. A port taken between free_port() and SGLang's bind (by the other server's internal ports, or
+        by another server, say) is retried on another port, `attempts` times in all."""
         deadline = self._t0 + timeout
-        while not self.healthy():
-            if self.proc.poll() is not None:
-                if attempts > 1 and "address already in use" in self.log_tail(200).lower():
+        while not (serving := self.serving()):
+            taken = serving is None
+            if taken or self.proc.poll() is not None:
+                if attempts > 1 and (taken or "address already in use" in self.log_tail(200).lower()):
                     with contextlib.suppress(ProcessLookupError):  # its scheduler and detokenizer children
                         os.killpg(self.proc.pid, signal.SIGKILL)
                     self._on_port(free_port())
                     self.start()
                     return self.wait(timeout, attempts - 1)
+                if taken:
+                    raise RuntimeError(f"another process answers on port {self.port}, not this server "
+                                       f"({' '.join(self.argv)})")
                 raise RuntimeError(f"SGLang exited with {self.proc.returncode} before it was healthy "
                                    f"({' '.join(self.argv)}); the last lines of {self.log}:\n{self.log_tail()}")
             if time.monotonic() > deadline:

@@ -85,23 +85,43 @@ def engine_pair(logs: Path):
 
 @contextlib.contextmanager
 def server_processes(command: list[str], argvs, what: str = "servers"):
-    """`command + argv + --port P` as subprocesses on free ports, one per argv; yields their URLs once healthy."""
+    """`command + argv + --port P` as subprocesses on free ports, one per argv; yields their URLs once each
+    answers /health on a port it holds (one whose port another process took first starts again on another)."""
     import subprocess
     import time
 
-    from harness.replica import free_port, http_ok
+    from harness.ports import free_port, holds_port
+    from harness.replica import http_ok
 
-    procs, urls = [], []
+    procs, ports = [], []
+
+    def start(i: int, argv) -> None:
+        port = free_port("127.0.0.1")
+        proc = subprocess.Popen([*command, *argv, "--port", str(port)], cwd=REPO)
+        if i < len(procs):
+            procs[i], ports[i] = proc, port
+        else:
+            procs.append(proc)
+            ports.append(port)
+
     try:
-        for argv in argvs:
-            port = free_port("127.0.0.1")
-            procs.append(subprocess.Popen([*command, *argv, "--port", str(port)], cwd=REPO))
-            urls.append(f"http://127.0.0.1:{port}")
+        argvs = list(argvs)
+        for i, argv in enumerate(argvs):
+            start(i, argv)
         deadline = time.monotonic() + 30
-        while not all(http_ok(f"{u}/health") for u in urls):
+        while True:
+            up = [http_ok(f"http://127.0.0.1:{port}/health") for port in ports]
+            for i, proc in enumerate(procs):
+                if up[i] and holds_port(proc.pid, ports[i]) is False:  # another server answers on its port
+                    proc.kill()
+                    proc.wait()
+                    start(i, argvs[i])
+                    up[i] = False
+            if all(up):
+                break
             assert time.monotonic() < deadline, f"{what} did not start"
             time.sleep(0.05)
-        yield urls
+        yield [f"http://127.0.0.1:{port}" for port in ports]
     finally:
         for p in procs:
             p.terminate()
