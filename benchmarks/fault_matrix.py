@@ -4,10 +4,12 @@ For every fault it runs the same command twice, in fp32 (the exact target) and i
 controls), plus clean bf16 runs, and prints per fault: the bf16 verdict; the affected turns and how many the bf16
 gate flagged; the resolvable ones among them and how many were flagged; what it flagged outside them (and how
 many of those restored another checkpoint than in the fp32 run: batch timing); how many were flagged by their
-restore window (reports/window.py); and the flip-rate tests (reports/flip_rates.py) of the bf16 run, re-judged
-with the current gate: the smallest p-value of its family, the level each test is held to, the tests that found
-flips piling up, and whether they alone decide the verdict (the run would have passed without them). With
---no-fp32 only the bf16 runs are made (the resolvable column then counts every affected turn).
+restore window (reports/window.py); how many only by the paired check (a run with --baseline-run: the turns a
+run without a trusted run would not flag); the affected turns flagged per sweep point; and the flip-rate tests
+(reports/flip_rates.py) of the bf16 run, re-judged with the current gate: the smallest p-value of its family, the
+level each test is held to, the tests that found flips piling up, and whether they alone decide the verdict (the
+run would have passed without them). With --no-fp32 only the bf16 runs are made (the resolvable column then counts
+every affected turn).
 
 The affected turns of a run are the ones its engine reports the fault reached (`injected_fault_hit`: they
 resumed from, or computed, a state the fault corrupted; engine/cache/state_pool.py), so each dtype's run is
@@ -41,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine.faults import EVICT_MATCHED_CHECKPOINT, FAULTS, TRACK_DROPPED_ON_BATCH_CHANGE  # noqa: E402
+from reports.paired import DETAIL as PAIRED  # noqa: E402
 from reports.render import render_run  # noqa: E402
 
 TIMING_FAULTS = {TRACK_DROPPED_ON_BATCH_CHANGE}
@@ -148,6 +151,10 @@ def row(runs: Path, fault: str | None, name: str, floor: tuple[float, float]) ->
     def share(a: set, b: set) -> str:
         return f"{len(a)}/{len(b)} ({len(a) / len(b):.0%})" if b else ""
 
+    # flagged only by the paired check (their class moved to drift because their trusted twin differs): the
+    # turns a run without a trusted run (--baseline-run) would not flag
+    paired = set(bf16.loc[bf16["detail"].fillna("").astype(str).str.startswith(PAIRED), "key"]) & flagged
+
     fp32_check = {"fp32: affected flagged": "", "fp32: outside": ""}
     if fp32_hit is not None:  # the marks against the exact oracle: it flags the marked turns and nothing else
         fp32_check = {"fp32: affected flagged": share(fp32_flagged & fp32_hit, fp32_hit),
@@ -155,7 +162,22 @@ def row(runs: Path, fault: str | None, name: str, floor: tuple[float, float]) ->
     return {"fault": name, "verdict": headline(bf16_dir), **fp32_check, "affected flagged": share(flagged & hit, hit),
             "resolvable flagged": share(flagged & resolvable, resolvable),
             "outside": len(outside), "outside, restored otherwise than in fp32": len(other_restore),
-            "by the window": len(window & hit), **rates}
+            "by the window": len(window & hit), "by the paired check only": len(paired & hit),
+            "per sweep point": per_point(bf16, flagged, hit), **rates}
+
+
+def per_point(df: pd.DataFrame, flagged: set[str], hit: set[str]) -> str:
+    """Affected turns flagged / affected, and flagged outside them where any, per pool and concurrency (only
+    when the run has more than one sweep point)."""
+    points = df.groupby(["pool", "concurrency"])["key"].agg(set)
+    if len(points) < 2:
+        return ""
+    cells = []
+    for (pool, conc), keys in points.items():
+        reached, outside = keys & hit, (keys & flagged) - hit
+        cells.append(f"{pool} c{conc} {len(reached & flagged)}/{len(reached)}" + (f" +{len(outside)}" if outside
+                                                                                 else ""))
+    return ", ".join(cells)
 
 
 def main(argv: list[str] | None = None) -> int:
