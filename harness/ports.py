@@ -5,8 +5,9 @@ server does: two replicas of one run started side by side on one node can be han
 server binds it and the other fails to. A health probe of that URL is then answered by the first server,
 and the second replica would report its neighbour's address as its own (a candidate pool served by the
 reference server: every answer identical, nothing restored, nothing caught). `holds_port` tells a server
-that holds its port from one that only answers on it: on Linux, a listening socket on the port among the
-open files of the server's process or its descendants.
+that holds its port from one that only answers on it: on Linux, whose open files hold the socket listening on
+the port, the server's process and its descendants' or another process's. Where that cannot be seen (no /proc,
+a port a container's firewall rule forwards, another user's process) the answer is taken as it comes.
 """
 
 from __future__ import annotations
@@ -65,26 +66,33 @@ def process_tree(root: int, proc: Path = PROC) -> list[int]:
 
 
 def holds_port(root: int, port: int, proc: Path = PROC) -> bool | None:
-    """Whether process `root` or one of its descendants has a socket listening on `port` open; None where
-    this cannot be told (no /proc)."""
+    """Whether process `root` or one of its descendants holds the socket listening on `port`: True; False when
+    another process visibly holds it; None where this cannot be told (no /proc, no listener seen in this network
+    namespace, e.g. a container's port forwarded by the firewall, or its holder's files not readable here)."""
     inodes = listening_inodes(port, proc)
-    if inodes is None:
+    if not inodes:
         return None
     wanted = {f"socket:[{i}]" for i in inodes}
-    if not wanted:
+    tree = process_tree(root, proc)
+    if any(_has_socket(pid, wanted, proc) for pid in tree):
+        return True
+    others = (int(e.name) for e in proc.iterdir() if e.name.isdigit() and int(e.name) not in set(tree))
+    return False if any(_has_socket(pid, wanted, proc) for pid in others) else None
+
+
+def _has_socket(pid: int, wanted: set[str], proc: Path) -> bool:
+    """Whether process `pid` has one of the sockets `wanted` ("socket:[inode]") open (False where its files cannot
+    be read)."""
+    try:
+        fds = list((proc / str(pid) / "fd").iterdir())
+    except OSError:
         return False
-    for pid in process_tree(root, proc):
-        fd_dir = proc / str(pid) / "fd"
+    for fd in fds:
         try:
-            fds = list(fd_dir.iterdir())
+            if os.readlink(fd) in wanted:
+                return True
         except OSError:
             continue
-        for fd in fds:
-            try:
-                if os.readlink(fd) in wanted:
-                    return True
-            except OSError:
-                continue
     return False
 
 

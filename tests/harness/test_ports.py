@@ -56,8 +56,8 @@ def test_the_listener_is_found_among_a_process_s_descendants_only():
         assert listening_inodes(port)
         assert len(process_tree(parent.pid)) == 2
         assert holds_port(parent.pid, port) is True
-        assert holds_port(other.pid, port) is False  # alive, but holds nothing on that port
-        assert holds_port(parent.pid, free_port("127.0.0.1")) is False  # nobody listens there
+        assert holds_port(other.pid, port) is False  # alive, and another process visibly holds the port
+        assert holds_port(parent.pid, free_port("127.0.0.1")) is None  # nobody listens there: nothing to tell
     finally:
         _stop(parent, other)
 
@@ -108,3 +108,25 @@ def test_two_replicas_reporting_one_address_are_refused():
     problem = shared_addresses({"i128-r0": "http://127.0.0.1:4000", "i256-r0": "http://127.0.0.1:4002",
                                 "reference-r0": "http://127.0.0.1:4000"})
     assert "replicas i128-r0 and reference-r0 both report http://127.0.0.1:4000" in problem
+
+
+def _fake_proc(root: Path, holder: int | None) -> Path:
+    """A /proc with a socket listening on port 4242 (inode 777): processes 10, its child 11, and 20; `holder` has
+    the socket open, the others an unrelated one."""
+    (root / "net").mkdir(parents=True)
+    head = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    (root / "net" / "tcp").write_text(head + "   0: 0100007F:1092 00000000:0000 0A 00000000:00000000 00:00000000 "
+                                      "00000000     0        0 777 1 0 100 0 0 10 0\n")
+    (root / "net" / "tcp6").write_text(head)
+    for pid, ppid in ((10, 1), (11, 10), (20, 1)):
+        (root / str(pid) / "fd").mkdir(parents=True)
+        (root / str(pid) / "stat").write_text(f"{pid} (python) S {ppid} 0 0\n")
+        (root / str(pid) / "fd" / "3").symlink_to("socket:[777]" if pid == holder else "socket:[5]")
+    return root
+
+
+@pytest.mark.parametrize("holder,held", [(11, True), (20, False), (None, None)])
+def test_who_holds_the_listening_socket(tmp_path, holder, held):
+    """Our tree (a child of the started process) holds it: True; another process visibly: False; nobody we can
+    see (a container's forwarded port, another user's process): None, the health answer taken as it comes."""
+    assert holds_port(10, 4242, _fake_proc(tmp_path / "proc", holder)) is held
