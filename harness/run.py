@@ -66,7 +66,7 @@ def make_plan(target: Target, sessions: list | None = None, probe: bool = True) 
 
 async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], ref: Pool, run_dir: Path,
                 run_id: str, resumed: bool, infos: dict[str, dict]) -> Progress:
-    """Read each pool's /server_info (stopping where it contradicts the pool), write config.json, run the driver;
+    """Read each replica's /server_info (stopping where it contradicts its pool), write config.json, run the driver;
     return the final counters."""
     if adopt(run_dir):  # what driver actors of an earlier process wrote (records/driver_parts.py)
         print(f"joined the records of earlier driver actors into {run_dir / 'records'}")
@@ -76,12 +76,14 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
     incidents = IncidentLog(run_dir)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for pool in (*cands, ref):
-            url = pool.replicas[0].url
-            pool.server_info = infos.get(url) or await pool.backend.server_info(http, url)
             pool.incidents = incidents
-            problem = target.check_reported(pool, url, pool.server_info)
-            if problem:
-                raise HarnessError(problem)
+            for replica in pool.replicas:  # each: a replica answering for another server's is named here
+                info = infos.get(replica.url) or await pool.backend.server_info(http, replica.url)
+                if replica is pool.replicas[0]:
+                    pool.server_info = info
+                problem = target.check_reported(pool, replica.url, info)
+                if problem:
+                    raise HarnessError(problem)
         write_config(run_dir, cfg, target, run_id, plan, [*cands, ref], resumed, type(ref.backend).window_unprobed)
         sessions = {p.name: p.sessions for p in plan.candidates}
         recorded = sum(1 for k in existing if any(k.startswith(p.name + "-c") for p in plan.candidates))

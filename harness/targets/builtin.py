@@ -240,6 +240,9 @@ def builtin_plan(cfg: RunConfig, sessions: list) -> Plan:
     return Plan(cands, ref, cfg.concurrency, skipped(sessions, set(cfg.intervals)))
 
 
+IDENTITY = ("speculative_algorithm", "disable_radix_cache", "inject_fault", "mamba_track_interval", "dtype", "tp_size")
+
+
 class BuiltinTarget(ManagedTarget):
     """The built-in engine: pools from the flags, servers that report exactly what they were started with."""
 
@@ -272,6 +275,20 @@ class BuiltinTarget(ManagedTarget):
         environment."""
         return Launch(self.cfg.target.server_command, tuple(server_args(self.cfg, pool.engine, devices.kind)),
                       asdict(engine_config(self.cfg, pool.engine, devices.kind)))
+
+    def check_reported(self, pool, url: str, info: dict) -> str | None:
+        """The checks every target has, then: the server reports the settings that make it this pool's (speculation,
+        radix cache, fault, interval, dtype, TP) as its replicas were started with them, so that another server
+        answering on the address (a neighbour handed the same port) is named, not driven as this pool's."""
+        problem = super().check_reported(pool, url, info)
+        if problem:
+            return problem
+        started = asdict(engine_config(self.cfg, pool.engine))
+        for key in IDENTITY:
+            if key in info and info[key] != started[key]:
+                return (f"pool {pool.name}: the server at {url} reports {key} {info[key]!r}, where this pool's "
+                        f"replicas were started with {started[key]!r}: another server answers there")
+        return None
 
     def node_paths(self, pool: PoolPlan) -> tuple[tuple[str, str], ...]:
         """A weights directory given as --model-path (default and random need none)."""

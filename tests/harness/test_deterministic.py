@@ -5,7 +5,6 @@ refused, what each confirms recorded, and the calibration's exact paths."""
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -60,7 +59,7 @@ def test_vllm_every_pool_s_server_gets_batch_invariance_in_its_environment(model
     assert all("VLLM_BATCH_INVARIANT" not in environment_of(launch, tmp_path, "") for launch in plain.values())
 
 
-POOL = SimpleNamespace(name="i128", role="candidate", engine=SimpleNamespace(interval=128))
+POOL = next(p for p in builtin().plan([], {}).candidates if p.name == "i128")
 
 
 @pytest.mark.parametrize("info, refused", [({"enable_deterministic_inference": True}, None),

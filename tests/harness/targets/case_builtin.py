@@ -29,7 +29,15 @@ def case(tmp_path) -> Case:
         pools=["i128", "i256", "reference"],
         agreeing=agreeing, reported=reported,
         contradicting=[("i128", dict(info, mamba_track_interval=256),
-                        "pool i128: the server reports mamba_track_interval 256")],
+                        "pool i128: the server reports mamba_track_interval 256"),
+                       # a neighbour answering on the address (two replicas handed one port): the reference for the
+                       # candidate, the candidate for the reference, a faulty candidate for a clean one
+                       ("i128", agreeing(None, _launch_of("reference")),
+                        "pool i128: the server at http://i128-r0 reports speculative_algorithm 'NONE'"),
+                       ("reference", info, "pool reference: the server at http://reference-r0 reports "
+                        "speculative_algorithm 'DFLASH'"),
+                       ("i128", dict(info, inject_fault="stale-seq-lens"), "reports inject_fault 'stale-seq-lens', "
+                        "where this pool's replicas were started with None: another server answers there")],
         workload=((128, 256), 8, "byte"),
         candidate_args=["--candidate-args", "--max-state-slots 12"],
         refused=[(["--backend", "openai"], "--backend openai drives already-running servers"),
@@ -42,9 +50,14 @@ def case(tmp_path) -> Case:
 
 
 def _launch_of_i128():
+    return _launch_of("i128")
+
+
+def _launch_of(name: str):
     from harness.cli import from_argv
     from harness.placement import CPU
     from harness.targets import make_target
 
     target = make_target(from_argv(["--intervals", "128,256"], {})[0])
-    return target.launch(target.plan([], {}).candidates[0], CPU)
+    plan = target.plan([], {})
+    return target.launch(next(p for p in (*plan.candidates, plan.reference) if p.name == name), CPU)
