@@ -77,13 +77,7 @@ async def drive(cfg: RunConfig, target: Target, plan: Plan, cands: list[Pool], r
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for pool in (*cands, ref):
             pool.incidents = incidents
-            for replica in pool.replicas:  # each: a replica answering for another server's is named here
-                info = infos.get(replica.url) or await pool.backend.server_info(http, replica.url)
-                if replica is pool.replicas[0]:
-                    pool.server_info = info
-                problem = target.check_reported(pool, replica.url, info)
-                if problem:
-                    raise HarnessError(problem)
+        await target.check_servers(http, (*cands, ref), infos)
         write_config(run_dir, cfg, target, run_id, plan, [*cands, ref], resumed, type(ref.backend).window_unprobed)
         sessions = {p.name: p.sessions for p in plan.candidates}
         recorded = sum(1 for k in existing if any(k.startswith(p.name + "-c") for p in plan.candidates))

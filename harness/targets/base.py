@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, ClassVar
 from harness.backends import PROBE_KEY
 from harness.backends.info import block_size_of, speculative, strategy_of
 from harness.config import TargetSettings
+from harness.errors import HarnessError
 from harness.plan import Plan
 from harness.workload import WorkloadTarget, load_sessions
 
@@ -128,6 +129,19 @@ class Target(ABC):
     def reported(self, info: dict) -> Reported:
         """What a server of this target says it runs."""
         return reported_settings(info)
+
+    async def check_servers(self, http, pools, infos: dict[str, dict]) -> None:
+        """Read each replica's /server_info (`infos`: those probed already) and raise HarnessError where one
+        contradicts its pool (`check_reported`): a replica answering for another server is named here, before any
+        request. Each pool keeps its first replica's as `server_info`."""
+        for pool in pools:
+            for replica in pool.replicas:
+                info = infos.get(replica.url) or await pool.backend.server_info(http, replica.url)
+                if replica is pool.replicas[0]:
+                    pool.server_info = info
+                problem = self.check_reported(pool, replica.url, info)
+                if problem:
+                    raise HarnessError(problem)
 
     def check_reported(self, pool, url: str, info: dict) -> str | None:
         """Why the server at `url` contradicts what `pool` (name, role, engine) asked for; None when it agrees.
