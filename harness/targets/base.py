@@ -75,6 +75,23 @@ def reported_settings(info: dict) -> Reported:
                     tuple((info.get(PROBE_KEY) or {}).get("unknown", ())))
 
 
+# the server args that make a server a given pool's, compared by meaning (SGLang reports no speculation as null,
+# the built-in engine as NONE)
+IDENTITY = {"speculative_algorithm": lambda v: str(v or "NONE").upper(), "disable_radix_cache": bool,
+            "inject_fault": lambda v: v or None, "mamba_track_interval": lambda v: None if v is None else int(v),
+            "dtype": str, "tp_size": lambda v: int(v or 1)}
+
+
+def other_server(pool: str, url: str, info: dict, started: dict) -> str | None:
+    """Why the server at `url` is not one of `pool`'s replicas, started with the server args `started`: the first
+    IDENTITY setting it reports otherwise (a setting it does not report is not compared); None when none."""
+    for key, meaning in IDENTITY.items():
+        if key in info and key in started and meaning(info[key]) != meaning(started[key]):
+            return (f"pool {pool}: the server at {url} reports {key} {info[key]!r}, where this pool's replicas were "
+                    f"started with {started[key]!r}: another server answers there")
+    return None
+
+
 class Target(ABC):
     """One kind of target. A subclass sets `settings_class` (its own settings, whose `key` and `managed` become the
     target's) and implements the abstract methods; `self.settings` is the run's instance of them."""

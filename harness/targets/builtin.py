@@ -28,6 +28,7 @@ from harness.engine_args import COVER_ARGS, EngineArgsError, check_config, engin
 from harness.errors import ConfigError
 from harness.plan import REFERENCE_POOL, EngineSpec, Plan, PoolPlan, sessions_for, skipped
 from harness.settings import Need, setting
+from harness.targets.base import other_server
 from harness.targets.managed import Devices, Launch, ManagedSettings, ManagedTarget, diagnose_setting
 from harness.workload import WorkloadTarget, from_flags
 from reports.controls import CONTROL_PREFIX
@@ -240,9 +241,6 @@ def builtin_plan(cfg: RunConfig, sessions: list) -> Plan:
     return Plan(cands, ref, cfg.concurrency, skipped(sessions, set(cfg.intervals)))
 
 
-IDENTITY = ("speculative_algorithm", "disable_radix_cache", "inject_fault", "mamba_track_interval", "dtype", "tp_size")
-
-
 class BuiltinTarget(ManagedTarget):
     """The built-in engine: pools from the flags, servers that report exactly what they were started with."""
 
@@ -283,12 +281,7 @@ class BuiltinTarget(ManagedTarget):
         problem = super().check_reported(pool, url, info)
         if problem:
             return problem
-        started = asdict(engine_config(self.cfg, pool.engine))
-        for key in IDENTITY:
-            if key in info and info[key] != started[key]:
-                return (f"pool {pool.name}: the server at {url} reports {key} {info[key]!r}, where this pool's "
-                        f"replicas were started with {started[key]!r}: another server answers there")
-        return None
+        return other_server(pool.name, url, info, asdict(engine_config(self.cfg, pool.engine)))
 
     def node_paths(self, pool: PoolPlan) -> tuple[tuple[str, str], ...]:
         """A weights directory given as --model-path (default and random need none)."""
