@@ -73,10 +73,10 @@ def holds_port(root: int, port: int, proc: Path = PROC) -> bool | None:
     if not inodes:
         return None
     wanted = {f"socket:[{i}]" for i in inodes}
-    tree = process_tree(root, proc)
+    tree = set(process_tree(root, proc))
     if any(_has_socket(pid, wanted, proc) for pid in tree):
         return True
-    others = (int(e.name) for e in proc.iterdir() if e.name.isdigit() and int(e.name) not in set(tree))
+    others = (int(e.name) for e in proc.iterdir() if e.name.isdigit() and int(e.name) not in tree)
     return False if any(_has_socket(pid, wanted, proc) for pid in others) else None
 
 
