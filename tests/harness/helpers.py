@@ -93,21 +93,16 @@ def server_processes(command: list[str], argvs, what: str = "servers"):
     from harness.ports import free_port, holds_port
     from harness.replica import http_ok
 
-    procs, ports = [], []
-
-    def start(i: int, argv) -> None:
+    def start(argv) -> tuple[subprocess.Popen, int]:
         port = free_port("127.0.0.1")
-        proc = subprocess.Popen([*command, *argv, "--port", str(port)], cwd=REPO)
-        if i < len(procs):
-            procs[i], ports[i] = proc, port
-        else:
+        return subprocess.Popen([*command, *argv, "--port", str(port)], cwd=REPO), port
+
+    argvs, procs, ports = list(argvs), [], []
+    try:
+        for argv in argvs:
+            proc, port = start(argv)
             procs.append(proc)
             ports.append(port)
-
-    try:
-        argvs = list(argvs)
-        for i, argv in enumerate(argvs):
-            start(i, argv)
         deadline = time.monotonic() + 30
         while True:
             up = [http_ok(f"http://127.0.0.1:{port}/health") for port in ports]
@@ -115,7 +110,7 @@ def server_processes(command: list[str], argvs, what: str = "servers"):
                 if up[i] and holds_port(proc.pid, ports[i]) is False:  # another server answers on its port
                     proc.kill()
                     proc.wait()
-                    start(i, argvs[i])
+                    procs[i], ports[i] = start(argvs[i])
                     up[i] = False
             if all(up):
                 break
