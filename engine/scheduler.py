@@ -166,7 +166,32 @@ class Scheduler(OutputProcessorMixin):
         self.admit()
         prefill = self._plan_prefill()
         decode, track_slots = self._prepare_decode()
-        return ScheduleBatch(prefill, decode, track_slots)
+        batch = ScheduleBatch(prefill, decode, track_slots)
+        if self.cfg.inject_fault:
+            self._carry_kv_marks(batch)
+        return batch
+
+    def _carry_kv_marks(self, batch: ScheduleBatch) -> None:
+        """With a fault injected, the marks of what this step's attention reads (KVPool.tainted): a step that
+        reads a marked page, or runs from a marked working state, computes wrong hidden states, so the pages it
+        writes are marked and so is its request (its working state, and the prefill checkpoint the step takes);
+        a page a step writes while another running request still reads it (a matched prefix an eviction freed
+        under it and handed out again: evict-matched-checkpoint) marks that request."""
+        ps = self.cfg.page_size
+        spans = [(c.req, c.start, c.end, c.track_slot if c.track_len is not None else None) for c in batch.prefill]
+        spans += [(r, r.seq_len, r.seq_len + self.overshoot, None) for r in batch.decode]
+        writer = {p: r for r, start, end, _ in spans for p in r.pages[start // ps : -(-end // ps)]}
+        for r in self.running:
+            if r.working_slot is not None and any(writer.get(p, r) is not r for p in r.pages):
+                self.state.tainted.add(r.working_slot)  # its prefix's KV is overwritten under it
+                r.note_fault(self.state.tainted)
+        for r, start, end, track in spans:
+            if r.working_slot in self.state.tainted or not self.kv.tainted.isdisjoint(r.pages[: -(-end // ps)]):
+                self.state.tainted.add(r.working_slot)
+                if track is not None:
+                    self.state.tainted.add(track)
+                self.kv.tainted.update(r.pages[start // ps : -(-end // ps)])
+                r.note_fault(self.state.tainted)
 
     def _plan_prefill(self) -> list[PrefillChunk]:
         budget = self.cfg.chunked_prefill_size

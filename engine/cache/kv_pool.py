@@ -12,6 +12,10 @@ class KVPool:
 
     Pages are owned either by one running request or by the radix tree; the pool
     itself only counts. Allocation is deterministic (lowest free pages first).
+
+    `tainted` is the KV side of StatePool.tainted (host bookkeeping for the fault injections, never read by
+    the engine's own logic): pages written by a step that read a fault-corrupted state or page
+    (Scheduler._carry_kv_marks). A newly allocated page has no mark.
     """
 
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
@@ -22,6 +26,7 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self._pages = FreeList(num_pages, "KV page")
+        self.tainted: set[int] = set()
 
     @property
     def free_pages(self) -> int:
@@ -33,7 +38,9 @@ class KVPool:
 
     def alloc(self, n: int) -> list[int] | None:
         """n pages (lowest first), or None (nothing taken) when fewer are free."""
-        return self._pages.alloc(n)
+        pages = self._pages.alloc(n)
+        self.tainted.difference_update(pages or ())
+        return pages
 
     def free(self, pages: list[int]) -> None:
         self._pages.release(pages)
