@@ -174,15 +174,17 @@ class Scheduler(OutputProcessorMixin):
     def _carry_kv_marks(self, batch: ScheduleBatch) -> None:
         """With a fault injected, the marks of what this step's attention reads (KVPool.tainted): a step that
         reads a marked page, or runs from a marked working state, computes wrong hidden states, so the pages it
-        writes are marked and so is its request (its working state, and the prefill checkpoint the step takes);
-        a page a step writes while another running request still reads it (a matched prefix an eviction freed
+        writes are marked and so is its request (its working state, and the prefill checkpoint the step takes),
+        which reports the hit from this step on (a working state marked after a request's last step changed nothing
+        it returns); a page a step writes while another running request still reads it (a matched prefix an eviction freed
         under it and handed out again: evict-matched-checkpoint) marks that request."""
         ps = self.cfg.page_size
         spans = [(c.req, c.start, c.end, c.track_slot if c.track_len is not None else None) for c in batch.prefill]
-        spans += [(r, r.seq_len, r.seq_len + self.overshoot, None) for r in batch.decode]
+        # a row whose request already ended runs an overlapped step whose result is discarded: it reads nothing
+        spans += [(r, r.seq_len, r.seq_len + self.overshoot, None) for r in batch.decode if not r.device_finished]
         writer = {p: r for r, start, end, _ in spans for p in r.pages[start // ps : -(-end // ps)]}
         for r in self.running:
-            if r.working_slot is not None and any(writer.get(p, r) is not r for p in r.pages):
+            if not r.device_finished and any(writer.get(p, r) is not r for p in r.pages):
                 self.state.tainted.add(r.working_slot)  # its prefix's KV is overwritten under it
                 r.note_fault(self.state.tainted)
         for r, start, end, track in spans:

@@ -108,7 +108,8 @@ class DFlashWorker:
                      posts: list[int], commit_lens: list[int], conv_steps: list[int] | None) -> None:
         """The fault marks of this commit (StatePool.tainted): a checkpoint it wrote, or should have written,
         carries its request's mark, or one of its own where a fault wrote it from the wrong step, without its
-        conv window, or not at all; a working conv window committed from the wrong step marks the request."""
+        conv window, or not at all; a working conv window committed from the wrong step marks the request's working
+        state, which the next step reads."""
         st = self.runner.caches.state
         right = (mamba_steps_to_track(torch.tensor(starts, dtype=torch.int32), torch.tensor(posts),
                                       torch.tensor(commit_lens), self.cfg.mamba_track_interval).tolist()
@@ -120,8 +121,7 @@ class DFlashWorker:
                 wrong = track_slots is None or steps[b] != right[b] or not conv_tracked
                 st.carry(r.working_slot, slot, corrupt=wrong)
             if conv_steps is not None and conv_steps[b] != commit_lens[b] - 1:
-                st.tainted.add(r.working_slot)
-                r.note_fault(st.tainted)
+                st.tainted.add(r.working_slot)  # r reports it at its next step (Scheduler._carry_kv_marks)
 
 
 def _off_by_one_step(pre: int, post: int, commit_len: int, interval: int) -> int:
