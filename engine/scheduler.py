@@ -175,9 +175,9 @@ class Scheduler(OutputProcessorMixin):
         """With a fault injected, the marks of what this step's attention reads (KVPool.tainted): a step that
         reads a marked page, or runs from a marked working state, computes wrong hidden states, so the pages it
         writes are marked and so is its request (its working state, and the prefill checkpoint the step takes),
-        which reports the hit from this step on (a working state marked after a request's last step changed nothing
-        it returns); a page a step writes while another running request still reads it (a matched prefix an eviction freed
-        under it and handed out again: evict-matched-checkpoint) marks that request."""
+        which reports the hit from this step on (a working state marked after a request's last step changed
+        nothing it returns); a page a step writes while another running request still reads it (a matched prefix
+        an eviction freed under it and handed out again: evict-matched-checkpoint) marks that request."""
         ps = self.cfg.page_size
         spans = [(c.req, c.start, c.end, c.track_slot if c.track_len is not None else None) for c in batch.prefill]
         # a row whose request already ended runs an overlapped step whose result is discarded: it reads nothing
