@@ -178,21 +178,27 @@ class Scheduler(OutputProcessorMixin):
         which reports the hit from this step on (a working state marked after a request's last step changed
         nothing it returns); a page a step writes while another running request still reads it (a matched prefix
         an eviction freed under it and handed out again: evict-matched-checkpoint) marks that request."""
-        ps = self.cfg.page_size
-        spans = [(c.req, c.start, c.end, c.track_slot if c.track_len is not None else None) for c in batch.prefill]
+        def pages(r: Req, start: int, end: int) -> tuple[Req, list[int], list[int]]:
+            """r, the pages its step reads (its prefix through `end`) and those it writes ([start, end))."""
+            last = math.ceil(end / self.cfg.page_size)
+            return r, r.pages[:last], r.pages[start // self.cfg.page_size : last]
+
+        spans = [(*pages(c.req, c.start, c.end), c.track_slot if c.track_len is not None else None)
+                 for c in batch.prefill]
         # a row whose request already ended runs an overlapped step whose result is discarded: it reads nothing
-        spans += [(r, r.seq_len, r.seq_len + self.overshoot, None) for r in batch.decode if not r.device_finished]
-        writer = {p: r for r, start, end, _ in spans for p in r.pages[start // ps : -(-end // ps)]}
+        spans += [(*pages(r, r.seq_len, r.seq_len + self.overshoot), None)
+                  for r in batch.decode if not r.device_finished]
+        writer = {p: r for r, _, written, _ in spans for p in written}
         for r in self.running:
             if not r.device_finished and any(writer.get(p, r) is not r for p in r.pages):
                 self.state.tainted.add(r.working_slot)  # its prefix's KV is overwritten under it
                 r.note_fault(self.state.tainted)
-        for r, start, end, track in spans:
-            if r.working_slot in self.state.tainted or not self.kv.tainted.isdisjoint(r.pages[: -(-end // ps)]):
+        for r, read, written, track in spans:
+            if r.working_slot in self.state.tainted or not self.kv.tainted.isdisjoint(read):
                 self.state.tainted.add(r.working_slot)
                 if track is not None:
                     self.state.tainted.add(track)
-                self.kv.tainted.update(r.pages[start // ps : -(-end // ps)])
+                self.kv.tainted.update(written)
                 r.note_fault(self.state.tainted)
 
     def _plan_prefill(self) -> list[PrefillChunk]:

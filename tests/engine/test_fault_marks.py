@@ -31,7 +31,7 @@ def test_restoring_a_clean_checkpoint_over_marked_kv_is_a_hit_and_marks_what_fol
     _run(clean, "a", a)
     assert _run(clean, "b", b_ids).injected_fault_hit is False  # the control: nothing marked, nothing hit
 
-    e.sched.kv.tainted.update(e.sched.radix._path_pages(e.sched.tree.match(list(b_ids)).node))
+    e.sched.kv.tainted.update(e.sched.tree.match(list(b_ids)).pages)
     assert not e.sched.state.tainted  # the checkpoint b restores is clean: only its KV is marked
     b = _run(e, "b", b_ids, n=40)
     assert b.cached_tokens > 0 and b.injected_fault_hit is True
@@ -56,7 +56,7 @@ def test_a_running_request_pointed_at_marked_pages_by_an_insertion_is_a_hit():
         while e.has_work:
             e.step()
             if mark and not marked and e.sched.radix.cached_pages and y.seq_len < 128:
-                e.sched.kv.tainted.update(e.sched.radix._path_pages(e.sched.tree.match(list(y_ids)).node))
+                e.sched.kv.tainted.update(e.sched.tree.match(list(y_ids)).pages)
                 marked = True
         assert not mark or marked
         assert x.out.cached_tokens == y.out.cached_tokens == 0
