@@ -11,18 +11,19 @@ level each test is held to, the tests that found flips piling up, and whether th
 run would have passed without them). With --no-fp32 only the bf16 runs are made (the resolvable column then counts
 every affected turn).
 
-The affected turns of a run are the ones its engine reports the fault reached (`injected_fault_hit`: they
-resumed from, or computed, a state the fault corrupted; engine/cache/state_pool.py), so each dtype's run is
-measured on its own turns: concurrency makes batches, and so evictions, restores and draft acceptance, differ
-between the fp32 and the bf16 run of the same command. (Runs made before the engine reported it fall back to
-the turns the exact fp32 oracle flags in the fp32 run, and, for a fault that depends on batch timing, to the
-bf16 run's turns that restored a verify crossing its engine did not copy.) The fp32 columns check the marks
-against the exact oracle. An affected turn is resolvable when the fault's own effect on it (its drift in the
-fp32 run, where numerics move log-probs by ~1e-5) exceeds what bf16 numerics alone moved in the clean runs (their
-largest window and output drift): below that no oracle against the cold path can tell the fault from numerics,
-only a deterministic twin (--baseline-run at concurrency 1, reports/paired.py). A turn the fault reached in the
-bf16 run but not in the fp32 one has no measured effect and counts as resolvable.
-Runs already in RUNS_DIR are reused with --reuse.
+The affected turns of a run are the ones its engine reports the fault reached (`injected_fault_hit`: they resumed
+from, or computed, a state the fault corrupted, or read KV pages such a step wrote; docs/engine.md), so each dtype's
+run is measured on its own turns: concurrency makes batches, and so evictions, restores and draft acceptance, differ
+between the fp32 and the bf16 run of the same command. (Runs made before the engine reported it fall back to the
+turns the exact fp32 oracle flags in the fp32 run, and, for a fault that depends on batch timing, to the bf16 run's
+turns that restored a verify crossing its engine did not copy.) The fp32 columns check the marks against the exact
+oracle. An affected turn is resolvable when the fault's own effect on it (its drift in the fp32 run, where numerics
+move log-probs by ~1e-5) exceeds what bf16 numerics alone moved in the clean runs (their largest window and output
+drift): below that no oracle against the cold path can tell the fault from numerics, only a deterministic twin
+(--baseline-run at concurrency 1, reports/paired.py). A turn the fault reached in the bf16 run but not in the fp32
+one has no measured effect and counts as resolvable.
+Runs already in RUNS_DIR are reused with --reuse. A run that leaves no records (refused, or stopped: finish it with
+`harness.run --resume`) is named, left out of the table, and the script exits 1.
 
     python benchmarks/fault_matrix.py [--intervals 128] [--concurrency 4] [--seed 0] [--clean-seeds 0,1,2]
                                       [--faults a,b] [--runs-dir runs/fault-matrix] [--reuse] [--no-fp32]
@@ -54,7 +55,7 @@ FLAGGED = ("drift", "hard")
 
 def run(runs: Path, run_id: str, args: list[str], reuse: bool) -> tuple[int | None, float]:
     """harness.run into runs/run_id (its exit status and seconds; None, 0 when reused)."""
-    if reuse and (runs / run_id / "requests.csv").exists():
+    if reuse and finished(runs / run_id):
         return None, 0.0
     cmd = [sys.executable, "-m", "harness.run", "--runs-dir", str(runs), "--run-id", run_id, "--no-progress", *args]
     t0 = time.monotonic()
@@ -69,8 +70,16 @@ def gated(run_dir: Path) -> pd.DataFrame:
     return df[~df["pool"].astype(str).str.startswith("ctl-") & (df["pool"] != "baseline")]
 
 
+def finished(run_dir: Path) -> bool:
+    return (run_dir / "requests.csv").exists()
+
+
 def headline(run_dir: Path) -> str:
-    lines = (run_dir / "summary.md").read_text().splitlines()
+    """The verdict line of the run's summary; what is missing when the run wrote none (it was refused or stopped)."""
+    summary = run_dir / "summary.md"
+    if not summary.exists():
+        return f"no verdict: {run_dir} has no summary.md (see the harness output above)"
+    lines = summary.read_text().splitlines()
     return lines[2].strip("*") if len(lines) > 2 else "?"
 
 
@@ -200,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown fault(s) {', '.join(unknown)}; registered: {', '.join(FAULTS)}")
     base = ["--intervals", args.intervals, "--concurrency", args.concurrency, *args.extra]
     args.runs_dir.mkdir(parents=True, exist_ok=True)
-    rows, done = [], []
+    rows, done, missing = [], [], []
     seeds = [int(x) for x in (args.clean_seeds or str(args.seed)).split(",")]
     clean = ["clean" if seeds == [args.seed] else f"clean-s{seed}" for seed in seeds]
     for fault, seed in [(None, s) for s in seeds] + [(f, args.seed) for f in faults]:
@@ -213,7 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         code, took = run(args.runs_dir, f"bf16-{name}", [*flags, "--dtype", "bfloat16"], args.reuse)
         print(f"bf16 {name}: exit {code} in {took:.0f}s: {headline(args.runs_dir / f'bf16-{name}')}",
               file=sys.stderr, flush=True)
-        done.append((fault, name))
+        twins = [f"bf16-{name}"] + ([f"fp32-{name}"] if fault and not args.no_fp32 else [])
+        missing += [t for t in twins if not finished(args.runs_dir / t)]
+        if finished(args.runs_dir / f"bf16-{name}"):
+            done.append((fault, name))
+    if missing:  # a run refused or stopped (its run directory can be finished with harness.run --resume)
+        print(f"no figures for {', '.join(missing)}: left out of the table", file=sys.stderr)
+    if any(not finished(args.runs_dir / f"bf16-{name}") for name in clean):
+        print("no clean run to measure bf16 noise against: no table", file=sys.stderr)
+        return 1
     floor = noise(args.runs_dir, clean)
     for fault, name in done:
         rows.append(row(args.runs_dir, fault, name, floor))
@@ -223,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for r in rows:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
-    return 0
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
